@@ -1,0 +1,316 @@
+package engine
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"time"
+
+	"github.com/expr-lang/expr"
+
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// This file holds the transition function: given a checkpoint and one
+// inbox message, the next checkpoint and the history events it writes. It
+// does no I/O; engine.go loads, writes and publishes around it.
+
+// event is a history event before encoding.
+type event struct {
+	typ  string
+	data schemas.HistoryData
+}
+
+// step outcome of applying one message to a checkpoint.
+type outcome int
+
+const (
+	outcomeApplied  outcome = iota // the checkpoint changed
+	outcomeStale                   // the message does not match the current dispatch: dropped
+	outcomeAttached                // a start for a job that exists: nothing to do
+)
+
+// newJob builds the first checkpoint of a job from a start request. Input
+// and state are checked against the definition's schemas; a failure is
+// schemas.ErrInputInvalid and nothing is stored.
+func newJob(c *compiled, req *schemas.StartRequest, msgID string, now time.Time) (*schemas.Checkpoint, []event, error) {
+	def := c.def
+	input := req.Input
+	if len(bytes.TrimSpace(input)) == 0 {
+		input = json.RawMessage("{}")
+	}
+	doc, err := decodePlain(input)
+	if err != nil {
+		return nil, nil, schemas.Errorf(schemas.CodeInputInvalid, "job %s: input is not JSON: %v", req.JobID, err)
+	}
+	if _, ok := doc.(map[string]any); !ok {
+		return nil, nil, schemas.Errorf(schemas.CodeInputInvalid, "job %s: input must be a JSON object", req.JobID)
+	}
+	if err := c.input.Validate(doc); err != nil {
+		return nil, nil, schemas.Errorf(schemas.CodeInputInvalid, "job %s: input does not match the workflow's input_schema: %v", req.JobID, err)
+	}
+	if err := c.state.Validate(doc); err != nil {
+		return nil, nil, schemas.Errorf(schemas.CodeInputInvalid, "job %s: input, as the initial state, does not match the workflow's state_schema: %v", req.JobID, err)
+	}
+	vars := maps.Clone(def.Vars)
+	if len(req.Vars) > 0 && vars == nil {
+		vars = map[string]string{}
+	}
+	maps.Copy(vars, req.Vars)
+	cp := &schemas.Checkpoint{
+		Schema:         schemas.CheckpointSchema,
+		JobID:          req.JobID,
+		Workflow:       def.Name,
+		Version:        def.Version,
+		DefinitionHash: def.Hash,
+		Seq:            1,
+		Status:         schemas.JobRunning,
+		Input:          input,
+		State:          input,
+		Vars:           vars,
+		Steps:          map[string]*schemas.StepRecord{},
+		Cause:          msgID,
+		Parent:         req.Parent,
+		CreatedAt:      now,
+		UpdatedAt:      now,
+	}
+	evs := []event{{typ: schemas.EventJobStarted, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status)}}}
+	evs = append(evs, dispatch(c, cp, def.StartStep(), true, time.Time{}, now))
+	return cp, evs, nil
+}
+
+// dispatch records the next attempt of step in cp.Current (intent before
+// action, DESIGN.md invariant 2). newRun starts a new run of the step (its
+// retry budget restarts); notBefore delays the attempt.
+func dispatch(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, notBefore, now time.Time) event {
+	rec := cp.Steps[step]
+	if rec == nil {
+		rec = &schemas.StepRecord{}
+		cp.Steps[step] = rec
+	}
+	if newRun {
+		rec.Runs++
+		rec.RunAttempt = 0
+	}
+	rec.Attempts++
+	rec.RunAttempt++
+	rec.Status = schemas.StepDispatched
+	s := c.def.Step(step)
+	d := &schemas.Dispatch{
+		Step:         step,
+		Attempt:      rec.Attempts,
+		RunAttempt:   rec.RunAttempt,
+		MsgID:        schemas.StepMsgID(cp.JobID, step, rec.Attempts),
+		Pool:         c.def.PoolOf(s),
+		DispatchedAt: now,
+	}
+	if !notBefore.IsZero() && notBefore.After(now) {
+		nb := notBefore
+		d.NotBefore = &nb
+		rec.Status = schemas.StepRetrying
+	}
+	cp.Current = d
+	return event{typ: schemas.EventStepDispatched, data: schemas.HistoryData{
+		Job: cp.JobID, Step: step, Attempt: d.Attempt, Status: string(rec.Status), NotBefore: notBefore,
+	}}
+}
+
+// applyResult applies a step result to cp (a private copy) and returns the
+// events written. A result that does not match cp.Current exactly (step and
+// attempt) is stale (DESIGN.md invariant 3): cp is left unchanged.
+func applyResult(c *compiled, cp *schemas.Checkpoint, res *schemas.StepResult, now time.Time) (outcome, []event) {
+	cur := cp.Current
+	if cp.Status.Terminal() || cur == nil || cur.Step != res.Step || cur.Attempt != res.Attempt {
+		return outcomeStale, nil
+	}
+	idx := c.def.StepIndex(res.Step)
+	if idx < 0 {
+		return outcomeStale, nil
+	}
+	step := &c.def.Steps[idx]
+	rec := cp.Steps[res.Step]
+	rec.DurationMs = res.DurationMs
+	var evs []event
+	if res.Redelivered {
+		cp.ResumeCount++
+		evs = append(evs, event{typ: schemas.EventJobResumed, data: schemas.HistoryData{
+			Job: cp.JobID, Step: res.Step, Attempt: res.Attempt,
+			Reason: "the step message was delivered again: a worker died or stalled past its lease",
+		}})
+	}
+
+	stepErr := res.Error
+	var newState json.RawMessage
+	var stateDoc, outDoc any
+	if stepErr == nil {
+		var err *schemas.Error
+		newState, stateDoc, outDoc, err = mergeResult(c, idx, cp.State, res.Output)
+		if err != nil {
+			stepErr = err
+		}
+	}
+	if stepErr != nil {
+		return outcomeApplied, append(evs, failAttempt(c, cp, step, rec, stepErr.At(cp.JobID, res.Step, res.Attempt), now)...)
+	}
+
+	cp.State = newState
+	rec.Status = schemas.StepCompleted
+	rec.LastError = nil
+	rec.ResultDigest = digest(res.Output)
+	cp.Current = nil
+	evs = append(evs, event{typ: schemas.EventStepCompleted, data: schemas.HistoryData{
+		Job: cp.JobID, Step: res.Step, Attempt: res.Attempt, Status: string(rec.Status),
+		DurationMs: res.DurationMs, ResultDigest: rec.ResultDigest,
+	}})
+
+	env := conditionEnv{State: stateDoc, Output: outDoc, Vars: cp.Vars, Step: res.Step, Attempt: rec.RunAttempt}
+	if c.needsDoc[idx] && len(cp.Input) > 0 {
+		env.Input, _ = decodePlain(cp.Input)
+	}
+	for j, t := range c.next[idx] {
+		if t.prog != nil {
+			ok, err := expr.Run(t.prog, env)
+			if err != nil {
+				e := schemas.Errorf(schemas.CodeDefinitionInvalid, "steps[%d].next[%d].when %q: %v", idx, j, t.When, err).At(cp.JobID, res.Step, res.Attempt)
+				return outcomeApplied, append(evs, failJob(cp, e, now))
+			}
+			if b, _ := ok.(bool); !b {
+				continue
+			}
+		}
+		switch {
+		case t.Fail != "":
+			e := &schemas.Error{Code: schemas.CodeStepFailed, Message: t.Fail, Job: cp.JobID, Step: res.Step, Attempt: res.Attempt}
+			return outcomeApplied, append(evs, failJob(cp, e, now))
+		case t.End:
+			return outcomeApplied, append(evs, completeJob(cp, now))
+		default:
+			ev := dispatch(c, cp, t.To, true, time.Time{}, now)
+			evs[len(evs)-1].data.Next = t.To
+			return outcomeApplied, append(evs, ev)
+		}
+	}
+	return outcomeApplied, append(evs, completeJob(cp, now))
+}
+
+// mergeResult validates a step's output and merges it into state: under
+// step.SaveAs when set, else key by key at the top level. It returns the
+// new state, and its decoded form and the output's when a condition or
+// the state schema needs them.
+func mergeResult(c *compiled, idx int, state, output json.RawMessage) (json.RawMessage, any, any, *schemas.Error) {
+	step := &c.def.Steps[idx]
+	if len(bytes.TrimSpace(output)) == 0 {
+		output = json.RawMessage("null")
+	}
+	var outDoc any
+	if c.output[idx] != nil || c.needsDoc[idx] {
+		var err error
+		if outDoc, err = decodePlain(output); err != nil {
+			return nil, nil, nil, schemas.Errorf(schemas.CodeOutputInvalid, "output is not JSON: %v", err)
+		}
+		if err := c.output[idx].Validate(outDoc); err != nil {
+			return nil, nil, nil, &schemas.Error{Code: schemas.CodeOutputInvalid, Retryable: true,
+				Message: fmt.Sprintf("output does not match steps[%d].output_schema: %v", idx, err)}
+		}
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(state, &fields); err != nil || fields == nil {
+		return nil, nil, nil, schemas.Errorf(schemas.CodeOutputInvalid, "state is not a JSON object")
+	}
+	switch {
+	case step.SaveAs != "":
+		fields[step.SaveAs] = output
+	case string(bytes.TrimSpace(output)) == "null":
+		// nothing to merge
+	default:
+		var out map[string]json.RawMessage
+		if err := json.Unmarshal(output, &out); err != nil {
+			return nil, nil, nil, &schemas.Error{Code: schemas.CodeOutputInvalid,
+				Message: fmt.Sprintf("output must be a JSON object to merge into state (or set save_as): %v", err)}
+		}
+		maps.Copy(fields, out)
+	}
+	newState, err := json.Marshal(fields)
+	if err != nil {
+		return nil, nil, nil, schemas.Errorf(schemas.CodeOutputInvalid, "encode state: %v", err)
+	}
+	var stateDoc any
+	if c.needsDoc[idx] {
+		if stateDoc, err = decodePlain(newState); err != nil {
+			return nil, nil, nil, schemas.Errorf(schemas.CodeOutputInvalid, "decode state: %v", err)
+		}
+		if err := c.state.Validate(stateDoc); err != nil {
+			return nil, nil, nil, &schemas.Error{Code: schemas.CodeOutputInvalid, Retryable: true,
+				Message: fmt.Sprintf("output would make state invalid against state_schema: %v", err)}
+		}
+	}
+	return newState, stateDoc, outDoc, nil
+}
+
+// failAttempt records a failed attempt: another attempt after the retry
+// delay when the error is retryable and the budget allows, else the step
+// fails for good and the job follows on_error or fails.
+func failAttempt(c *compiled, cp *schemas.Checkpoint, step *schemas.Step, rec *schemas.StepRecord, e *schemas.Error, now time.Time) []event {
+	policy := c.def.RetryOf(step)
+	retry := e.Retryable && rec.RunAttempt < policy.MaxAttempts
+	rec.LastError = e
+	ev := event{typ: schemas.EventStepFailed, data: schemas.HistoryData{
+		Job: cp.JobID, Step: step.ID, Attempt: cp.Current.Attempt, Error: e, Retrying: retry, DurationMs: rec.DurationMs,
+	}}
+	if retry {
+		next := now.Add(policy.Delay(rec.RunAttempt + 1))
+		ev.data.NotBefore = next
+		return []event{ev, dispatch(c, cp, step.ID, false, next, now)}
+	}
+	rec.Status = schemas.StepFailed
+	cp.Current = nil
+	if step.OnError != "" {
+		ev.data.Next = step.OnError
+		return []event{ev, dispatch(c, cp, step.OnError, true, time.Time{}, now)}
+	}
+	return []event{ev, failJob(cp, e, now)}
+}
+
+func failJob(cp *schemas.Checkpoint, e *schemas.Error, now time.Time) event {
+	cp.Status = schemas.JobFailed
+	cp.Error = e
+	cp.Current = nil
+	t := now
+	cp.CompletedAt = &t
+	return event{typ: schemas.EventJobFailed, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status), Error: e}}
+}
+
+func completeJob(cp *schemas.Checkpoint, now time.Time) event {
+	cp.Status = schemas.JobCompleted
+	cp.Current = nil
+	t := now
+	cp.CompletedAt = &t
+	return event{typ: schemas.EventJobCompleted, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status), ResultDigest: digest(cp.State)}}
+}
+
+// digest is the hex SHA-256 of a JSON value's bytes, truncated to 128 bits:
+// enough to tell results apart, short enough to store per step.
+func digest(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:16])
+}
+
+// cloneCheckpoint copies cp deeply enough that applying a transition to
+// the copy leaves cp (as cached) untouched.
+func cloneCheckpoint(cp *schemas.Checkpoint) *schemas.Checkpoint {
+	c := *cp
+	c.Steps = make(map[string]*schemas.StepRecord, len(cp.Steps))
+	for k, v := range cp.Steps {
+		r := *v
+		c.Steps[k] = &r
+	}
+	if cp.Current != nil {
+		d := *cp.Current
+		c.Current = &d
+	}
+	c.Outbox = append([]json.RawMessage(nil), cp.Outbox...)
+	return &c
+}

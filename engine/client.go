@@ -1,0 +1,307 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+
+	"github.com/waymark-dev/waymark/kv"
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// Client starts and inspects jobs. It validates before it stores anything:
+// a start whose input fails the workflow's input schema leaves no trace.
+// Safe for concurrent use.
+type Client struct {
+	store    *kv.Store
+	compiled *compiledCache
+	now      func() time.Time
+}
+
+// NewClient returns a Client over an opened store.
+func NewClient(store *kv.Store) *Client {
+	return &Client{store: store, compiled: newCompiledCache(64), now: time.Now}
+}
+
+var jobIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
+
+// ValidateJobID reports whether id can name a job: 1 to 128 letters,
+// digits, '-' and '_', starting with a letter or digit (it is a KV key and
+// a subject token).
+func ValidateJobID(id string) error {
+	if !jobIDRE.MatchString(id) {
+		return schemas.Errorf(schemas.CodeInputInvalid, "job id %q: want 1-128 letters, digits, '-' or '_', starting with a letter or digit", id)
+	}
+	return nil
+}
+
+// NewJobID returns a fresh job id: the workflow name and a unique suffix.
+func NewJobID(workflow string) string {
+	return workflow + "-" + strings.ToLower(nuid.Next())
+}
+
+// StartOptions adjusts Start.
+type StartOptions struct {
+	// JobID names the job; empty picks a fresh id. Starting an id that
+	// exists attaches to that job instead of creating another.
+	JobID string
+	// Vars override the definition's vars for this job (pinned at start).
+	Vars map[string]string
+}
+
+// StartResult says what Start did.
+type StartResult struct {
+	JobID          string `json:"job_id"`
+	DefinitionHash string `json:"definition_hash"`
+	// Attached is true when the job already existed; nothing was published.
+	Attached bool `json:"attached"`
+	// Mismatch, when attached, says how the existing job differs from what
+	// was asked (another definition or input); empty when it matches.
+	Mismatch string `json:"mismatch,omitempty"`
+}
+
+// Start validates input against def's input schema (and state schema),
+// stores def, and asks the engines to start the job. It does not wait for
+// the job. Errors: schemas.ErrInputInvalid (nothing stored), or a
+// connection error wrapped with the job id.
+func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.RawMessage, opts StartOptions) (StartResult, error) {
+	id := opts.JobID
+	if id == "" {
+		id = NewJobID(def.Name)
+	}
+	if err := ValidateJobID(id); err != nil {
+		return StartResult{}, err
+	}
+	res := StartResult{JobID: id, DefinitionHash: def.Hash}
+	if ent, err := c.store.Checkpoints.Get(ctx, id); err == nil {
+		res.Attached = true
+		res.DefinitionHash = ent.Checkpoint.DefinitionHash
+		switch {
+		case ent.Checkpoint.DefinitionHash != def.Hash:
+			res.Mismatch = fmt.Sprintf("job %s runs definition %s, not %s; it keeps its own", id, short(ent.Checkpoint.DefinitionHash), short(def.Hash))
+		case len(input) > 0 && !jsonEqual(ent.Checkpoint.Input, input):
+			res.Mismatch = fmt.Sprintf("job %s was started with other input; it keeps its own", id)
+		}
+		return res, nil
+	} else if !errors.Is(err, schemas.ErrNotFound) {
+		return StartResult{}, fmt.Errorf("start job %s: %w", id, err)
+	}
+	cd, err := c.compiled.get(def)
+	if err != nil {
+		return StartResult{}, err
+	}
+	if len(bytes.TrimSpace(input)) == 0 {
+		input = json.RawMessage("{}")
+	}
+	req := &schemas.StartRequest{JobID: id, DefinitionHash: def.Hash, Input: input, Vars: opts.Vars, RequestedAt: c.now().UTC()}
+	if _, _, err := newJob(cd, req, "", c.now()); err != nil {
+		return StartResult{}, err
+	}
+	if err := c.store.Definitions.Put(ctx, def); err != nil {
+		return StartResult{}, fmt.Errorf("start job %s: %w", id, err)
+	}
+	data, err := json.Marshal(req)
+	if err != nil {
+		return StartResult{}, fmt.Errorf("start job %s: %w", id, err)
+	}
+	m := nats.NewMsg(c.store.Names.InboxSubject(kv.InboxStart, id))
+	m.Data = data
+	m.Header.Set(jetstream.MsgIDHeader, schemas.StartMsgID(id))
+	if _, err := c.store.JS.PublishMsg(ctx, m); err != nil {
+		return StartResult{}, fmt.Errorf("start job %s: publish start request: %w", id, err)
+	}
+	return res, nil
+}
+
+// Job returns job id's record. Errors: schemas.ErrNotFound,
+// schemas.ErrQuarantined.
+func (c *Client) Job(ctx context.Context, id string) (*JobView, error) {
+	ent, err := c.store.Checkpoints.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	def, err := c.store.Definitions.Get(ctx, ent.Checkpoint.DefinitionHash)
+	if err != nil {
+		def = nil // the record is still worth showing
+	}
+	return NewJobView(ent.Checkpoint, def), nil
+}
+
+// ListFilter narrows List. Zero fields match everything.
+type ListFilter struct {
+	Status   schemas.JobStatus
+	Workflow string
+	Limit    int // most recently updated first; 0 means 100
+}
+
+// List returns job summaries, most recently updated first. It reads every
+// checkpoint: meant for people and tests, not for hot paths.
+func (c *Client) List(ctx context.Context, f ListFilter) ([]JobSummary, error) {
+	if f.Limit <= 0 {
+		f.Limit = 100
+	}
+	var out []JobSummary
+	err := c.store.Checkpoints.List(ctx, func(job string, ent kv.Entry, err error) bool {
+		if err != nil {
+			out = append(out, JobSummary{ID: job, Status: schemas.JobQuarantined, Error: schemas.AsError(err)})
+			return true
+		}
+		cp := ent.Checkpoint
+		if (f.Status != "" && cp.Status != f.Status) || (f.Workflow != "" && cp.Workflow != f.Workflow) {
+			return true
+		}
+		out = append(out, summarize(cp))
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].UpdatedAt.After(out[j].UpdatedAt) })
+	if len(out) > f.Limit {
+		out = out[:f.Limit]
+	}
+	return out, nil
+}
+
+// History returns job id's history events in order.
+func (c *Client) History(ctx context.Context, id string) ([]HistoryEvent, error) {
+	var out []HistoryEvent
+	err := c.follow(ctx, id, func(h HistoryEvent, pending uint64) bool {
+		out = append(out, h)
+		return pending > 0
+	}, true)
+	return out, err
+}
+
+// Wait follows job id until it is terminal, calling onEvent (if not nil)
+// with each history event in order, and returns the final record.
+// Errors: ctx's error when it ends first; schemas.ErrNotFound when the job
+// does not appear within ctx.
+func (c *Client) Wait(ctx context.Context, id string, onEvent func(HistoryEvent)) (*JobView, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		seen = make(chan struct{}) // closed when a terminal history event arrives
+		once sync.Once
+	)
+	followDone := make(chan error, 1)
+	go func() {
+		followDone <- c.follow(ctx, id, func(h HistoryEvent, _ uint64) bool {
+			if onEvent != nil {
+				onEvent(h)
+			}
+			if h.Type == schemas.EventJobCompleted || h.Type == schemas.EventJobFailed {
+				once.Do(func() { close(seen) })
+			}
+			return true
+		}, false)
+	}()
+	var final *schemas.Checkpoint
+	err := c.store.Checkpoints.Watch(ctx, id, func(ent kv.Entry, err error) bool {
+		if err != nil {
+			return true
+		}
+		if ent.Checkpoint.Status.Terminal() {
+			final = ent.Checkpoint
+			return false
+		}
+		return true
+	})
+	if final == nil {
+		if err == nil {
+			err = ctx.Err()
+		}
+		return nil, fmt.Errorf("wait for job %s: %w", id, err)
+	}
+	// The checkpoint is authoritative; give the history a moment to catch
+	// up so the caller sees the last transitions too.
+	select {
+	case <-seen:
+	case <-time.After(2 * time.Second):
+	case <-ctx.Done():
+	}
+	cancel()
+	<-followDone
+	def, _ := c.store.Definitions.Get(context.WithoutCancel(ctx), final.DefinitionHash)
+	return NewJobView(final, def), nil
+}
+
+// follow delivers job's history events in order, each once even if it was
+// published again after a crash, until fn returns false, ctx ends, or
+// (stopAtEnd) the stream has no more.
+func (c *Client) follow(ctx context.Context, id string, fn func(HistoryEvent, uint64) bool, stopAtEnd bool) error {
+	cons, err := c.store.JS.OrderedConsumer(ctx, c.store.Names.HistoryStream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{c.store.Names.HistorySubject(id)},
+	})
+	if err != nil {
+		return fmt.Errorf("follow history of %s: %w", id, err)
+	}
+	if stopAtEnd {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			return fmt.Errorf("follow history of %s: %w", id, err)
+		}
+		if info.NumPending == 0 {
+			return nil
+		}
+	}
+	seen := map[string]bool{}
+	for {
+		m, err := cons.Next(jetstream.FetchMaxWait(time.Second))
+		if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, nats.ErrTimeout) {
+			if stopAtEnd {
+				return nil
+			}
+			if ctx.Err() != nil {
+				return nil
+			}
+			continue
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("follow history of %s: %w", id, err)
+		}
+		h, err := DecodeHistoryEvent(m.Data())
+		if err != nil || seen[h.ID] {
+			continue
+		}
+		seen[h.ID] = true
+		var pending uint64
+		if md, err := m.Metadata(); err == nil {
+			pending = md.NumPending
+		}
+		if !fn(h, pending) || ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+func jsonEqual(a, b json.RawMessage) bool {
+	var x, y any
+	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
+		return bytes.Equal(a, b)
+	}
+	xa, _ := json.Marshal(x)
+	ya, _ := json.Marshal(y)
+	return bytes.Equal(xa, ya)
+}
+
+func short(hash string) string {
+	if len(hash) > 12 {
+		return hash[:12]
+	}
+	return hash
+}

@@ -1,0 +1,98 @@
+package engine
+
+import (
+	"fmt"
+	"log/slog"
+	"runtime"
+	"time"
+
+	"github.com/waymark-dev/waymark/internal/failpoint"
+	"github.com/waymark-dev/waymark/kv"
+)
+
+// Defaults for Config.
+const (
+	DefaultBatchSize         = 256
+	DefaultCacheSize         = 4096
+	DefaultReconcileInterval = 15 * time.Second
+	DefaultStallGrace        = 30 * time.Second
+	DefaultPublishTimeout    = 10 * time.Second
+)
+
+// Config configures an Engine. The zero value of every field but Store
+// takes the default its comment states.
+type Config struct {
+	// Store is the opened JetStream layout. Required.
+	Store *kv.Store
+	// Logger receives the engine's log; nil means slog.Default().
+	Logger *slog.Logger
+	// Lanes is how many jobs are processed at once: inbox messages are
+	// partitioned into lanes by job id, and a lane handles its messages in
+	// batches. Default 2 x GOMAXPROCS.
+	Lanes int
+	// BatchSize caps the inbox messages one lane handles in one round of
+	// writes and publishes. Default 256.
+	BatchSize int
+	// CacheSize caps checkpoints kept in memory, in entries. The cache only
+	// saves reads: every write is still a compare-and-swap. Default 4096.
+	CacheSize int
+	// ReconcileInterval is how often the reconciler scans running jobs for
+	// dispatches whose result never came. Default 15s; negative disables.
+	ReconcileInterval time.Duration
+	// StallGrace is added to a step's timeout and twice the work ack wait
+	// before the reconciler declares an attempt lost. Default 30s.
+	StallGrace time.Duration
+	// PublishTimeout bounds waiting for JetStream to acknowledge a batch of
+	// writes or publishes. Default 10s.
+	PublishTimeout time.Duration
+	// Failpoints injects faults at named points (tests and crash drills);
+	// nil injects nothing.
+	Failpoints *failpoint.Set
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Lanes == 0 {
+		c.Lanes = 2 * runtime.GOMAXPROCS(0)
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.CacheSize == 0 {
+		c.CacheSize = DefaultCacheSize
+	}
+	if c.ReconcileInterval == 0 {
+		c.ReconcileInterval = DefaultReconcileInterval
+	}
+	if c.StallGrace == 0 {
+		c.StallGrace = DefaultStallGrace
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = DefaultPublishTimeout
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Store == nil:
+		return fmt.Errorf("engine config: Store is required")
+	case c.Lanes < 1 || c.Lanes > 4096:
+		return fmt.Errorf("engine config: Lanes %d: want 1..4096", c.Lanes)
+	case c.BatchSize < 1 || c.BatchSize > 10000:
+		return fmt.Errorf("engine config: BatchSize %d: want 1..10000", c.BatchSize)
+	case c.CacheSize < 1:
+		return fmt.Errorf("engine config: CacheSize %d: want at least 1", c.CacheSize)
+	case c.PublishTimeout < 10*time.Millisecond:
+		return fmt.Errorf("engine config: PublishTimeout %v: want at least 10ms", c.PublishTimeout)
+	}
+	return nil
+}

@@ -1,0 +1,646 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"sync"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/waymark-dev/waymark/internal/failpoint"
+	"github.com/waymark-dev/waymark/kv"
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// Engine applies inbox messages (job starts, step results) to checkpoints
+// and dispatches the steps that become eligible. It keeps no state between
+// messages that correctness depends on: its checkpoint cache only saves
+// reads, and every write is a compare-and-swap. Any number of engines may
+// share one inbox consumer.
+type Engine struct {
+	cfg      Config
+	store    *kv.Store
+	log      *slog.Logger
+	compiled *compiledCache
+	cache    *lru.Cache[string, *cached]
+	ctr      counters
+	fp       *failpoint.Set
+
+	// beforeWrite, when set (tests), runs after a transition is decided
+	// and before its checkpoint write is sent.
+	beforeWrite func(job string)
+}
+
+// cached is a checkpoint as this engine last read or wrote it.
+type cached struct {
+	cp  *schemas.Checkpoint
+	rev uint64
+	// published: this engine published cp's outbox and dispatch itself.
+	published bool
+}
+
+// New returns an Engine. Errors name the bad Config field.
+func New(cfg Config) (*Engine, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cache, err := lru.New[string, *cached](cfg.CacheSize)
+	if err != nil {
+		return nil, fmt.Errorf("engine cache: %w", err)
+	}
+	return &Engine{
+		cfg:      cfg,
+		store:    cfg.Store,
+		log:      cfg.Logger.With("component", "engine"),
+		compiled: newCompiledCache(256),
+		cache:    cache,
+		fp:       cfg.Failpoints,
+	}, nil
+}
+
+// Run consumes the inbox until ctx ends, then stops taking messages,
+// finishes the batches in hand (bounded by PublishTimeout) and returns
+// nil. Messages not acknowledged by then are redelivered to another engine
+// or to the next Run. Errors: the inbox consumer could not be opened.
+func (e *Engine) Run(ctx context.Context) error {
+	e.ctr.started.Store(e.cfg.Now().UnixNano())
+	cons, err := e.store.EngineConsumer(ctx)
+	if err != nil {
+		return err
+	}
+	lanes := make([]chan jetstream.Msg, e.cfg.Lanes)
+	var wg sync.WaitGroup
+	for i := range lanes {
+		lanes[i] = make(chan jetstream.Msg, e.cfg.BatchSize)
+		wg.Add(1)
+		go func(ch chan jetstream.Msg) {
+			defer wg.Done()
+			e.lane(ctx, ch)
+		}(lanes[i])
+	}
+	names := e.store.Names
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		_, job, _ := names.ParseInboxSubject(m.Subject())
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(job))
+		lanes[h.Sum32()%uint32(len(lanes))] <- m
+	},
+		jetstream.PullMaxMessages(e.cfg.BatchSize*2),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			if ctx.Err() == nil && !errors.Is(err, nats.ErrConnectionClosed) {
+				e.log.Warn("inbox consumer", "err", err)
+			}
+		}))
+	if err != nil {
+		for _, ch := range lanes {
+			close(ch)
+		}
+		wg.Wait()
+		return fmt.Errorf("consume inbox: %w", err)
+	}
+	if e.cfg.ReconcileInterval > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e.reconcileLoop(ctx)
+		}()
+	}
+	<-ctx.Done()
+	cc.Stop()
+	<-cc.Closed()
+	for _, ch := range lanes {
+		close(ch)
+	}
+	wg.Wait()
+	return nil
+}
+
+// lane handles the messages of its share of jobs: it blocks for one, takes
+// whatever else is already waiting (up to BatchSize), and handles them as
+// one batch, so that a busy engine makes fewer, larger rounds of writes.
+func (e *Engine) lane(ctx context.Context, ch chan jetstream.Msg) {
+	batch := make([]jetstream.Msg, 0, e.cfg.BatchSize)
+	for m := range ch {
+		batch = append(batch[:0], m)
+	drain:
+		for len(batch) < e.cfg.BatchSize {
+			select {
+			case m, ok := <-ch:
+				if !ok {
+					break drain
+				}
+				batch = append(batch, m)
+			default:
+				break drain
+			}
+		}
+		if ctx.Err() != nil {
+			continue // shutting down: leave them for redelivery
+		}
+		e.handleBatch(ctx, batch)
+	}
+}
+
+// inboxItem is one decoded inbox message.
+type inboxItem struct {
+	msg       jetstream.Msg
+	kind, job string
+	msgID     string
+	delivered uint64
+	start     *schemas.StartRequest
+	result    *schemas.StepResult
+	done      bool // settled (acked, naked or termed)
+}
+
+// plan is what a batch does to one job.
+type plan struct {
+	job   string
+	items []*inboxItem
+	base  *cached // as loaded; nil for a job that does not exist
+	fresh bool    // base was read from KV in this batch
+	def   *compiled
+	next  *schemas.Checkpoint // to write; nil when nothing changed
+	rev   uint64              // written at
+	// dispatch: publish next.Current (new, or again after a crash).
+	dispatch bool
+	err      error
+	tally    tally // counted once the plan is settled
+}
+
+// tally is what deciding a plan found, counted only when it is settled so
+// that a decision made again after a conflict is not counted twice.
+type tally struct {
+	started, rejected, applied, stale, resumes, republished, completed, failed uint64
+}
+
+func (e *Engine) handleBatch(ctx context.Context, msgs []jetstream.Msg) {
+	var items []*inboxItem
+	for _, m := range msgs {
+		if it := e.decode(m); it != nil {
+			items = append(items, it)
+		}
+	}
+	for _, it := range items {
+		e.fp.Inject(ctx, failpoint.EngineAfterIntake)
+		if it.delivered > 1 {
+			e.ctr.inboxRedelivered.Add(1)
+		}
+	}
+	byJob := map[string]*plan{}
+	var plans []*plan
+	for _, it := range items {
+		p := byJob[it.job]
+		if p == nil {
+			p = &plan{job: it.job}
+			byJob[it.job] = p
+			plans = append(plans, p)
+		}
+		p.items = append(p.items, it)
+	}
+
+	pending := plans
+	for round := 0; len(pending) > 0; round++ {
+		if round == 8 {
+			for _, p := range pending {
+				p.err = fmt.Errorf("job %s: gave up after %d compare-and-swap conflicts in one batch", p.job, round)
+			}
+			break
+		}
+		e.load(ctx, pending, round > 0)
+		var writes []*plan
+		var again []*plan
+		for _, p := range pending {
+			if p.err != nil {
+				continue
+			}
+			if redo := e.decide(ctx, p); redo {
+				again = append(again, p)
+				continue
+			}
+			if p.next != nil {
+				writes = append(writes, p)
+			}
+		}
+		again = append(again, e.write(ctx, writes)...)
+		pending = again
+	}
+	e.publish(ctx, plans)
+	e.fp.Inject(ctx, failpoint.EngineAfterDispatch)
+	e.settle(plans)
+}
+
+// decode parses an inbox message. Garbage is terminated (never redelivered)
+// with a reason; it returns nil for it.
+func (e *Engine) decode(m jetstream.Msg) *inboxItem {
+	kind, job, ok := e.store.Names.ParseInboxSubject(m.Subject())
+	it := &inboxItem{msg: m, kind: kind, job: job, msgID: m.Headers().Get(jetstream.MsgIDHeader)}
+	if md, err := m.Metadata(); err == nil {
+		it.delivered = md.NumDelivered
+	}
+	var err error
+	switch {
+	case !ok:
+		err = fmt.Errorf("subject %q is not an inbox subject", m.Subject())
+	case kind == kv.InboxStart:
+		it.start = new(schemas.StartRequest)
+		if err = json.Unmarshal(m.Data(), it.start); err == nil && it.start.JobID != job {
+			err = fmt.Errorf("start request for job %q on the subject of job %q", it.start.JobID, job)
+		}
+	case kind == kv.InboxResult:
+		it.result = new(schemas.StepResult)
+		if err = json.Unmarshal(m.Data(), it.result); err == nil && it.result.Job != job {
+			err = fmt.Errorf("result for job %q on the subject of job %q", it.result.Job, job)
+		}
+	default:
+		err = fmt.Errorf("unknown inbox message kind %q", kind)
+	}
+	if err != nil {
+		e.log.Error("dropping malformed inbox message", "subject", m.Subject(), "msg_id", it.msgID, "err", err)
+		_ = m.TermWithReason("malformed: " + err.Error())
+		return nil
+	}
+	return it
+}
+
+// load fills p.base for each plan: from the cache unless fresh is
+// demanded or the job is not cached, else from KV (concurrently).
+func (e *Engine) load(ctx context.Context, ps []*plan, fresh bool) {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 32)
+	for _, p := range ps {
+		p.next, p.dispatch, p.err, p.tally = nil, false, nil, tally{}
+		if !fresh {
+			if c, ok := e.cache.Get(p.job); ok {
+				p.base, p.fresh = c, false
+				continue
+			}
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(p *plan) {
+			defer func() { <-sem; wg.Done() }()
+			ent, err := e.store.Checkpoints.Get(ctx, p.job)
+			p.fresh = true
+			switch {
+			case errors.Is(err, schemas.ErrNotFound):
+				p.base = nil
+			case err != nil:
+				p.err = err
+			default:
+				p.base = &cached{cp: ent.Checkpoint, rev: ent.Revision}
+				e.cache.Add(p.job, p.base)
+			}
+		}(p)
+	}
+	wg.Wait()
+}
+
+// decide applies p's messages to its base checkpoint. It returns true when
+// a message looked stale against a cached checkpoint: the caller reloads
+// and decides again, since the cache may be behind another engine.
+func (e *Engine) decide(ctx context.Context, p *plan) (redo bool) {
+	now := e.cfg.Now()
+	var cp *schemas.Checkpoint
+	var carried []json.RawMessage
+	if p.base != nil {
+		cp = cloneCheckpoint(p.base.cp)
+		if !p.base.published {
+			carried = cp.Outbox // their publication is unknown: publish them again
+			if len(carried) > 64 {
+				carried = carried[len(carried)-64:]
+			}
+		}
+		if err := e.definition(ctx, p, cp.DefinitionHash); err != nil {
+			return false
+		}
+	}
+	var evs []event
+	changed, republish := false, false
+	cause := ""
+	for _, it := range p.items {
+		if it.done {
+			continue
+		}
+		switch {
+		case it.start != nil:
+			if cp == nil {
+				if err := e.definition(ctx, p, it.start.DefinitionHash); err != nil {
+					return false
+				}
+				c, startEvs, err := newJob(p.def, it.start, it.msgID, now)
+				if err != nil {
+					p.tally.rejected++
+					e.log.Warn("rejected job start", "job", it.job, "err", err)
+					_ = it.msg.TermWithReason(err.Error())
+					it.done = true
+					continue
+				}
+				cp, evs, changed, cause = c, startEvs, true, it.msgID
+				p.tally.started++
+				continue
+			}
+			if !p.fresh {
+				return true
+			}
+			if it.delivered > 1 && it.msgID == cp.Cause && !cp.Status.Terminal() {
+				republish = true
+			}
+		case it.result != nil:
+			e.fp.Inject(ctx, failpoint.EngineAfterResultReceived)
+			if cp == nil {
+				p.tally.stale++
+				e.log.Warn("dropping result for unknown job", "job", it.job, "step", it.result.Step, "attempt", it.result.Attempt)
+				continue
+			}
+			out, resEvs := applyResult(p.def, cp, it.result, now)
+			if out == outcomeStale {
+				if !p.fresh && !changed {
+					return true
+				}
+				if it.delivered > 1 && it.msgID == cp.Cause && !cp.Status.Terminal() {
+					republish = true
+					continue
+				}
+				p.tally.stale++
+				e.log.Debug("dropping stale result", "job", it.job, "step", it.result.Step, "attempt", it.result.Attempt)
+				continue
+			}
+			p.tally.applied++
+			if it.result.Redelivered {
+				p.tally.resumes++
+			}
+			evs = append(evs, resEvs...)
+			changed, cause = true, it.msgID
+		}
+	}
+	if republish && !changed {
+		// The message that produced this checkpoint came back: its handler
+		// died (or stalled past its ack wait) after writing. Record the
+		// resume and publish its dispatch and events again, same ids.
+		cp.ResumeCount++
+		p.tally.resumes++
+		p.tally.republished++
+		evs = append(evs, event{typ: schemas.EventJobResumed, data: schemas.HistoryData{
+			Job: cp.JobID, Reason: "the inbox message that produced the last checkpoint was delivered again: an engine died or stalled before finishing it",
+		}})
+		carried = cp.Outbox
+		changed, cause = true, cp.Cause
+	}
+	if !changed {
+		return false
+	}
+	if p.base != nil {
+		cp.Seq = p.base.cp.Seq + 1
+	}
+	cp.UpdatedAt = now
+	cp.Cause = cause
+	encoded, err := encodeEvents(cp, evs, now)
+	if err != nil {
+		p.err = err
+		return false
+	}
+	cp.Outbox = append(carried, encoded...)
+	p.next = cp
+	p.dispatch = cp.Current != nil && (republish || p.base == nil || p.base.cp.Current == nil || p.base.cp.Current.MsgID != cp.Current.MsgID)
+	switch cp.Status {
+	case schemas.JobCompleted:
+		p.tally.completed++
+	case schemas.JobFailed:
+		p.tally.failed++
+	}
+	return false
+}
+
+func (e *Engine) definition(ctx context.Context, p *plan, hash string) error {
+	if p.def != nil && p.def.def.Hash == hash {
+		return nil
+	}
+	def, err := e.store.Definitions.Get(ctx, hash)
+	if err == nil {
+		p.def, err = e.compiled.get(def)
+	}
+	if err != nil {
+		p.err = fmt.Errorf("job %s: definition %s: %w", p.job, hash, err)
+	}
+	return err
+}
+
+// write sends every plan's checkpoint as a compare-and-swap, all in flight
+// at once, and returns the plans that lost to another writer (to decide
+// again from a fresh read).
+func (e *Engine) write(ctx context.Context, ps []*plan) (conflicts []*plan) {
+	if len(ps) == 0 {
+		return nil
+	}
+	e.fp.Inject(ctx, failpoint.EngineBeforeCheckpoint)
+	type inflight struct {
+		p *plan
+		w *kv.PendingWrite
+	}
+	fl := make([]inflight, 0, len(ps))
+	for _, p := range ps {
+		if e.beforeWrite != nil {
+			e.beforeWrite(p.job)
+		}
+		var rev uint64
+		if p.base != nil {
+			rev = p.base.rev
+		}
+		w, err := e.store.Checkpoints.WriteAsync(p.next, rev)
+		if err != nil {
+			p.err = err
+			continue
+		}
+		fl = append(fl, inflight{p, w})
+	}
+	wctx, cancel := context.WithTimeout(ctx, e.cfg.PublishTimeout)
+	defer cancel()
+	for _, f := range fl {
+		rev, err := f.w.Wait(wctx)
+		switch {
+		case errors.Is(err, schemas.ErrConflict):
+			e.ctr.conflicts.Add(1)
+			e.cache.Remove(f.p.job)
+			e.log.Debug("checkpoint conflict; deciding again", "job", f.p.job)
+			conflicts = append(conflicts, f.p)
+		case err != nil:
+			e.cache.Remove(f.p.job) // outcome unknown: read before deciding again
+			f.p.err = err
+		default:
+			f.p.rev = rev
+			e.ctr.transitions.Add(1)
+			e.cache.Add(f.p.job, &cached{cp: f.p.next, rev: rev})
+			e.ctr.progress(e.cfg.Now())
+		}
+	}
+	e.fp.Inject(ctx, failpoint.EngineAfterCheckpoint)
+	return conflicts
+}
+
+// publish sends each written plan's history events and dispatch, all in
+// flight at once, with dedup ids so that publishing again after a crash
+// adds nothing.
+func (e *Engine) publish(ctx context.Context, ps []*plan) {
+	type inflight struct {
+		p *plan
+		f jetstream.PubAckFuture
+	}
+	var fl []inflight
+	js := e.store.JS
+	names := e.store.Names
+	for _, p := range ps {
+		if p.err != nil || p.next == nil {
+			continue
+		}
+		cp := p.next
+		for i, ev := range cp.Outbox {
+			m := nats.NewMsg(names.HistorySubject(cp.JobID))
+			m.Data = ev
+			m.Header.Set(jetstream.MsgIDHeader, eventID(ev, cp, i))
+			f, err := js.PublishMsgAsync(m)
+			if err != nil {
+				p.err = fmt.Errorf("publish history of job %s: %w", cp.JobID, err)
+				break
+			}
+			fl = append(fl, inflight{p, f})
+		}
+		if p.err == nil && p.dispatch {
+			m, err := e.stepMessage(p)
+			if err == nil {
+				var f jetstream.PubAckFuture
+				if f, err = js.PublishMsgAsync(m); err == nil {
+					fl = append(fl, inflight{p, f})
+				}
+			}
+			if err != nil {
+				p.err = fmt.Errorf("dispatch %s of job %s: %w", cp.Current.MsgID, cp.JobID, err)
+			}
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, e.cfg.PublishTimeout)
+	defer cancel()
+	for _, f := range fl {
+		select {
+		case <-f.f.Ok():
+		case err := <-f.f.Err():
+			if f.p.err == nil {
+				f.p.err = fmt.Errorf("publish for job %s: %w", f.p.job, err)
+			}
+		case <-wctx.Done():
+			if f.p.err == nil {
+				f.p.err = fmt.Errorf("publish for job %s: no acknowledgement: %w", f.p.job, wctx.Err())
+			}
+		}
+	}
+	for _, p := range ps {
+		if p.next == nil || p.rev == 0 {
+			continue
+		}
+		if p.err != nil {
+			continue
+		}
+		if p.dispatch {
+			e.ctr.dispatched.Add(1)
+		}
+		e.cache.Add(p.job, &cached{cp: p.next, rev: p.rev, published: true})
+	}
+}
+
+// eventID returns the dedup id of an outbox event: its CloudEvents id.
+func eventID(ev json.RawMessage, cp *schemas.Checkpoint, i int) string {
+	var head struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(ev, &head); err == nil && head.ID != "" {
+		return head.ID
+	}
+	return fmt.Sprintf("%s/%d/x%d", cp.JobID, cp.Seq, i)
+}
+
+// stepMessage builds the step message of p.next.Current.
+func (e *Engine) stepMessage(p *plan) (*nats.Msg, error) {
+	cp := p.next
+	d := cp.Current
+	rec := cp.Steps[d.Step]
+	sm := schemas.StepMessage{
+		Job:            cp.JobID,
+		Step:           d.Step,
+		Attempt:        d.Attempt,
+		RunAttempt:     d.RunAttempt,
+		DefinitionHash: cp.DefinitionHash,
+		State:          cp.State,
+		Vars:           cp.Vars,
+		NotBefore:      d.NotBefore,
+		IdempotencyKey: IdempotencyKey(cp.JobID, d.Step, rec.Runs),
+	}
+	data, err := json.Marshal(sm)
+	if err != nil {
+		return nil, err
+	}
+	if max := int(e.store.Config.MaxMessageBytes); len(data) > max {
+		return nil, &schemas.Error{Code: schemas.CodeTooLarge, Job: cp.JobID, Step: d.Step, Attempt: d.Attempt,
+			Message: fmt.Sprintf("step message is %d bytes; the limit is %d", len(data), max)}
+	}
+	m := nats.NewMsg(e.store.Names.WorkSubject(d.Pool))
+	m.Data = data
+	m.Header.Set(jetstream.MsgIDHeader, d.MsgID)
+	return m, nil
+}
+
+// IdempotencyKey derives the key of one logical action: the run-th run of
+// step in job. Every attempt of that run carries the same key; nothing
+// else ever does.
+func IdempotencyKey(job, step string, run int) string {
+	if run <= 1 {
+		return job + "/" + step
+	}
+	return fmt.Sprintf("%s/%s/run-%d", job, step, run)
+}
+
+// settle acknowledges the messages of plans that finished, and hands the
+// others back for redelivery.
+func (e *Engine) settle(ps []*plan) {
+	for _, p := range ps {
+		if p.err == nil {
+			t, c := p.tally, &e.ctr
+			c.jobsStarted.Add(t.started)
+			c.jobsRejected.Add(t.rejected)
+			c.applied.Add(t.applied)
+			c.stale.Add(t.stale)
+			c.resumes.Add(t.resumes)
+			c.republished.Add(t.republished)
+			c.jobsCompleted.Add(t.completed)
+			c.jobsFailed.Add(t.failed)
+		}
+		for _, it := range p.items {
+			if it.done {
+				continue
+			}
+			if p.err != nil {
+				e.ctr.handleErrors.Add(1)
+				delay := time.Second
+				if errors.Is(p.err, schemas.ErrQuarantined) {
+					delay = 30 * time.Second // a person must act first
+				}
+				_ = it.msg.NakWithDelay(delay)
+				continue
+			}
+			_ = it.msg.Ack()
+		}
+		if p.err != nil {
+			if errors.Is(p.err, schemas.ErrQuarantined) {
+				e.log.Error("job quarantined: its checkpoint cannot be trusted; fix or delete it by hand", "job", p.job, "err", p.err)
+			} else {
+				e.log.Warn("inbox messages left for redelivery", "job", p.job, "err", p.err)
+			}
+		}
+	}
+}

@@ -1,0 +1,126 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/waymark-dev/waymark/kv"
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// reconcileLoop runs Reconcile every ReconcileInterval until ctx ends.
+// Recovery is periodic, not a one-shot pass at start-up (DESIGN.md,
+// recovery rules); errors are counted and logged, and the next pass tries
+// again.
+func (e *Engine) reconcileLoop(ctx context.Context) {
+	t := time.NewTicker(e.cfg.ReconcileInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := e.Reconcile(ctx); err != nil && ctx.Err() == nil {
+				e.ctr.reconcileErrors.Add(1)
+				e.log.Warn("reconcile pass failed; retrying next interval", "err", err)
+			}
+		}
+	}
+}
+
+// Reconcile makes one pass over the running jobs and declares lost every
+// attempt whose result is overdue: no result within the step's timeout,
+// twice the work ack wait and StallGrace after it was dispatched (or after
+// its retry delay). A lost attempt counts as a retryable timeout: the step
+// is attempted again with a new attempt number under its retry policy, and
+// a late result of the lost attempt is dropped as stale. Every write is a
+// compare-and-swap on the revision read, so a job that moved on meanwhile
+// is left alone. It returns the first error after trying every job.
+func (e *Engine) Reconcile(ctx context.Context) error {
+	now := e.cfg.Now()
+	var firstErr error
+	var overdue []kv.Entry
+	err := e.store.Checkpoints.List(ctx, func(job string, ent kv.Entry, err error) bool {
+		if err != nil {
+			if firstErr == nil && !errors.Is(err, schemas.ErrQuarantined) {
+				firstErr = err
+			}
+			return true
+		}
+		cp := ent.Checkpoint
+		if cp.Status != schemas.JobRunning || cp.Current == nil {
+			return true
+		}
+		def, err := e.store.Definitions.Get(ctx, cp.DefinitionHash)
+		if err != nil {
+			if firstErr == nil {
+				firstErr = fmt.Errorf("reconcile job %s: %w", job, err)
+			}
+			return true
+		}
+		s := def.Step(cp.Current.Step)
+		if s == nil {
+			return true
+		}
+		from := cp.Current.DispatchedAt
+		if nb := cp.Current.NotBefore; nb != nil && nb.After(from) {
+			from = *nb
+		}
+		deadline := from.Add(def.TimeoutOf(s) + 2*e.store.Config.WorkAckWait + e.cfg.StallGrace)
+		if now.After(deadline) {
+			overdue = append(overdue, ent)
+		}
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	for _, ent := range overdue {
+		if err := e.loseAttempt(ctx, ent, now); err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	return firstErr
+}
+
+func (e *Engine) loseAttempt(ctx context.Context, ent kv.Entry, now time.Time) error {
+	cp := ent.Checkpoint
+	p := &plan{job: cp.JobID, base: &cached{cp: cp, rev: ent.Revision}, fresh: true}
+	if err := e.definition(ctx, p, cp.DefinitionHash); err != nil {
+		return err
+	}
+	next := cloneCheckpoint(cp)
+	cur := next.Current
+	waited := now.Sub(cur.DispatchedAt).Round(time.Millisecond)
+	res := &schemas.StepResult{Job: cp.JobID, Step: cur.Step, Attempt: cur.Attempt, Error: &schemas.Error{
+		Code: schemas.CodeTimeout, Retryable: true,
+		Message: fmt.Sprintf("no result %v after dispatch: the attempt is declared lost", waited),
+	}}
+	if _, evs := applyResult(p.def, next, res, now); len(evs) > 0 {
+		next.Seq = cp.Seq + 1
+		next.UpdatedAt = now
+		next.Cause = "reconcile/" + cur.MsgID
+		encoded, err := encodeEvents(next, evs, now)
+		if err != nil {
+			return err
+		}
+		next.Outbox = encoded
+		p.next = next
+		p.dispatch = next.Current != nil
+	}
+	if p.next == nil {
+		return nil
+	}
+	if conflicts := e.write(ctx, []*plan{p}); len(conflicts) > 0 {
+		return nil // the job moved on: nothing is lost
+	}
+	if p.err != nil {
+		return p.err
+	}
+	e.ctr.lost.Add(1)
+	e.log.Warn("declared attempt lost", "job", cp.JobID, "step", cur.Step, "attempt", cur.Attempt, "waited", waited)
+	e.publish(ctx, []*plan{p})
+	return p.err
+}

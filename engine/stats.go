@@ -1,0 +1,70 @@
+package engine
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Stats are an engine's counters since it started. Every field counts
+// events (no units) unless its name says otherwise.
+type Stats struct {
+	JobsStarted      uint64 `json:"jobs_started"`
+	JobsCompleted    uint64 `json:"jobs_completed"`
+	JobsFailed       uint64 `json:"jobs_failed"`
+	JobsRejected     uint64 `json:"jobs_rejected"`    // start requests whose input failed its schema
+	Transitions      uint64 `json:"transitions"`      // checkpoint writes
+	StepsDispatched  uint64 `json:"steps_dispatched"` // step messages published
+	ResultsApplied   uint64 `json:"results_applied"`
+	StaleDropped     uint64 `json:"stale_results_dropped"` // results for an attempt no longer current (DESIGN.md invariant 3)
+	CASConflicts     uint64 `json:"cas_conflicts"`         // checkpoint writes that lost to another writer
+	Resumes          uint64 `json:"resumes"`               // recoveries: a redelivered trigger or step
+	InboxRedelivered uint64 `json:"inbox_redeliveries"`
+	Republished      uint64 `json:"republished"`   // dispatches published again after a handler died
+	AttemptsLost     uint64 `json:"attempts_lost"` // attempts the reconciler declared lost
+	ReconcileErrors  uint64 `json:"reconcile_errors"`
+	HandleErrors     uint64 `json:"handle_errors"` // inbox messages left for redelivery after an error
+	// FirstProgressMs is the time from Run to the first applied transition,
+	// in milliseconds; 0 until then.
+	FirstProgressMs int64 `json:"first_progress_ms"`
+}
+
+type counters struct {
+	jobsStarted, jobsCompleted, jobsFailed, jobsRejected atomic.Uint64
+	transitions, dispatched, applied, stale, conflicts   atomic.Uint64
+	resumes, inboxRedelivered, republished, lost         atomic.Uint64
+	reconcileErrors, handleErrors                        atomic.Uint64
+	started                                              atomic.Int64 // unix ns
+	firstProgress                                        atomic.Int64 // ns after started
+}
+
+func (c *counters) progress(now time.Time) {
+	if c.firstProgress.Load() != 0 {
+		return
+	}
+	if s := c.started.Load(); s != 0 {
+		c.firstProgress.CompareAndSwap(0, max(now.UnixNano()-s, 1))
+	}
+}
+
+// Stats returns a snapshot of the engine's counters. Safe for concurrent use.
+func (e *Engine) Stats() Stats {
+	c := &e.ctr
+	return Stats{
+		JobsStarted:      c.jobsStarted.Load(),
+		JobsCompleted:    c.jobsCompleted.Load(),
+		JobsFailed:       c.jobsFailed.Load(),
+		JobsRejected:     c.jobsRejected.Load(),
+		Transitions:      c.transitions.Load(),
+		StepsDispatched:  c.dispatched.Load(),
+		ResultsApplied:   c.applied.Load(),
+		StaleDropped:     c.stale.Load(),
+		CASConflicts:     c.conflicts.Load(),
+		Resumes:          c.resumes.Load(),
+		InboxRedelivered: c.inboxRedelivered.Load(),
+		Republished:      c.republished.Load(),
+		AttemptsLost:     c.lost.Load(),
+		ReconcileErrors:  c.reconcileErrors.Load(),
+		HandleErrors:     c.handleErrors.Load(),
+		FirstProgressMs:  c.firstProgress.Load() / int64(time.Millisecond),
+	}
+}

@@ -1,0 +1,99 @@
+package engine
+
+import (
+	"encoding/json"
+	"sort"
+	"time"
+
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// JobView is a job's record as people and API clients see it: the
+// checkpoint with its steps listed in definition order.
+type JobView struct {
+	ID             string            `json:"id"`
+	Workflow       string            `json:"workflow"`
+	Version        int               `json:"version"`
+	DefinitionHash string            `json:"definition_hash"`
+	Status         schemas.JobStatus `json:"status"`
+	ResumeCount    int               `json:"resume_count"`
+	Seq            uint64            `json:"seq"`
+	Steps          []StepView        `json:"steps"`
+	Current        *schemas.Dispatch `json:"current,omitempty"`
+	State          json.RawMessage   `json:"state"`
+	Input          json.RawMessage   `json:"input,omitempty"`
+	Vars           map[string]string `json:"vars,omitempty"`
+	Error          *schemas.Error    `json:"error,omitempty"`
+	Parent         string            `json:"parent,omitempty"`
+	CreatedAt      time.Time         `json:"created_at"`
+	UpdatedAt      time.Time         `json:"updated_at"`
+	CompletedAt    *time.Time        `json:"completed_at,omitempty"`
+}
+
+// StepView is one step of a job.
+type StepView struct {
+	ID           string             `json:"id"`
+	Kind         string             `json:"kind,omitempty"`
+	Status       schemas.StepStatus `json:"status"`
+	Attempts     int                `json:"attempts"` // dispatches over the job's lifetime
+	Runs         int                `json:"runs,omitempty"`
+	DurationMs   int64              `json:"duration_ms,omitempty"` // last attempt
+	ResultDigest string             `json:"result_digest,omitempty"`
+	LastError    *schemas.Error     `json:"last_error,omitempty"`
+}
+
+// JobSummary is a job in a list.
+type JobSummary struct {
+	ID          string            `json:"id"`
+	Workflow    string            `json:"workflow,omitempty"`
+	Version     int               `json:"version,omitempty"`
+	Status      schemas.JobStatus `json:"status"`
+	ResumeCount int               `json:"resume_count"`
+	CurrentStep string            `json:"current_step,omitempty"`
+	Error       *schemas.Error    `json:"error,omitempty"`
+	UpdatedAt   time.Time         `json:"updated_at"`
+}
+
+// NewJobView builds the record of cp. def may be nil (steps then appear in
+// name order, without kinds).
+func NewJobView(cp *schemas.Checkpoint, def *schemas.Definition) *JobView {
+	v := &JobView{
+		ID: cp.JobID, Workflow: cp.Workflow, Version: cp.Version, DefinitionHash: cp.DefinitionHash,
+		Status: cp.Status, ResumeCount: cp.ResumeCount, Seq: cp.Seq, Current: cp.Current,
+		State: cp.State, Input: cp.Input, Vars: cp.Vars, Error: cp.Error, Parent: cp.Parent,
+		CreatedAt: cp.CreatedAt, UpdatedAt: cp.UpdatedAt, CompletedAt: cp.CompletedAt,
+		Steps: []StepView{},
+	}
+	add := func(id, kind string) {
+		sv := StepView{ID: id, Kind: kind, Status: schemas.StepPending}
+		if r := cp.Steps[id]; r != nil {
+			sv.Status, sv.Attempts, sv.Runs, sv.DurationMs = r.Status, r.Attempts, r.Runs, r.DurationMs
+			sv.ResultDigest, sv.LastError = r.ResultDigest, r.LastError
+		}
+		v.Steps = append(v.Steps, sv)
+	}
+	if def != nil {
+		for _, s := range def.Steps {
+			add(s.ID, s.Kind)
+		}
+		return v
+	}
+	ids := make([]string, 0, len(cp.Steps))
+	for id := range cp.Steps {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		add(id, "")
+	}
+	return v
+}
+
+func summarize(cp *schemas.Checkpoint) JobSummary {
+	s := JobSummary{ID: cp.JobID, Workflow: cp.Workflow, Version: cp.Version, Status: cp.Status,
+		ResumeCount: cp.ResumeCount, Error: cp.Error, UpdatedAt: cp.UpdatedAt}
+	if cp.Current != nil {
+		s.CurrentStep = cp.Current.Step
+	}
+	return s
+}

@@ -1,0 +1,171 @@
+// Package natsserver runs the embedded nats-server that makes Waymark one
+// binary on a laptop: JetStream with file storage under a data directory,
+// a client port on loopback, its log routed into slog.
+package natsserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// Sync policies for JetStream writes.
+const (
+	// SyncAlways fsyncs every write before it is acknowledged: an
+	// acknowledged write survives power loss. The embedded default.
+	SyncAlways = "always"
+	// SyncInterval fsyncs every Config.SyncInterval: an acknowledged write
+	// survives a crash of any process (it is in the kernel's page cache),
+	// but power loss can lose the last interval's writes.
+	SyncInterval = "interval"
+)
+
+// Config configures the embedded server.
+type Config struct {
+	// DataDir holds JetStream's files (under DataDir/jetstream). Required
+	// unless Memory is set.
+	DataDir string
+	// Listen is the client address, host:port. Empty means no TCP listener
+	// (in-process connections only); port 0 picks a free port.
+	Listen string
+	// Sync is SyncAlways (default) or SyncInterval.
+	Sync string
+	// SyncInterval is the fsync period under SyncInterval. Default 1s.
+	SyncInterval time.Duration
+	// Memory keeps JetStream in memory (tests): nothing survives a restart.
+	Memory bool
+	// Logger receives the server's log; nil discards it.
+	Logger *slog.Logger
+	// Debug forwards the server's debug lines too.
+	Debug bool
+}
+
+// Server is a running embedded nats-server.
+type Server struct {
+	*server.Server
+	cfg    Config
+	memDir string // removed at Stop when Memory is set
+}
+
+// Start starts the server and waits until it accepts connections (at most
+// 30s). Errors name the data directory or address at fault.
+func Start(cfg Config) (*Server, error) {
+	if cfg.Sync == "" {
+		cfg.Sync = SyncAlways
+	}
+	if cfg.Sync != SyncAlways && cfg.Sync != SyncInterval {
+		return nil, fmt.Errorf("sync policy %q: want %q or %q", cfg.Sync, SyncAlways, SyncInterval)
+	}
+	if cfg.SyncInterval == 0 {
+		cfg.SyncInterval = time.Second
+	}
+	opts := &server.Options{
+		ServerName:         "waymark-embedded",
+		JetStream:          true,
+		NoSigs:             true,
+		NoLog:              cfg.Logger == nil,
+		MaxPayload:         8 << 20,
+		JetStreamMaxMemory: -1,
+		JetStreamMaxStore:  -1,
+	}
+	if cfg.Sync == SyncAlways {
+		opts.SyncAlways = true
+	} else {
+		opts.SyncInterval = cfg.SyncInterval
+	}
+	if cfg.Memory {
+		dir, err := os.MkdirTemp("", "waymark-mem-")
+		if err != nil {
+			return nil, fmt.Errorf("embedded nats-server: %w", err)
+		}
+		opts.StoreDir = dir
+	} else {
+		if cfg.DataDir == "" {
+			return nil, errors.New("embedded nats-server: no data directory")
+		}
+		dir := filepath.Join(cfg.DataDir, "jetstream")
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("embedded nats-server: create data directory %s: %w", dir, err)
+		}
+		opts.StoreDir = dir
+	}
+	if cfg.Listen == "" {
+		opts.DontListen = true
+	} else {
+		host, port, err := net.SplitHostPort(cfg.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("embedded nats-server: listen address %q: %w", cfg.Listen, err)
+		}
+		p, err := strconv.Atoi(port)
+		if err != nil {
+			return nil, fmt.Errorf("embedded nats-server: listen port %q: %w", port, err)
+		}
+		if p == 0 {
+			p = server.RANDOM_PORT
+		}
+		opts.Host, opts.Port = host, p
+	}
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats-server: %w", err)
+	}
+	if cfg.Logger != nil {
+		ns.SetLoggerV2(&slogAdapter{log: cfg.Logger.With("component", "nats-server")}, cfg.Debug, false, false)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(30 * time.Second) {
+		ns.Shutdown()
+		return nil, fmt.Errorf("embedded nats-server: not ready after 30s (is data directory %s locked by another process?)", opts.StoreDir)
+	}
+	srv := &Server{Server: ns, cfg: cfg}
+	if cfg.Memory {
+		srv.memDir = opts.StoreDir
+	}
+	return srv, nil
+}
+
+// Connect opens a client connection: in-process when the server has no
+// listener, else over TCP. name labels the connection in monitoring.
+func (s *Server) Connect(name string, extra ...nats.Option) (*nats.Conn, error) {
+	opts := append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1)}, extra...)
+	if s.cfg.Listen == "" {
+		opts = append(opts, nats.InProcessServer(s.Server))
+		return nats.Connect("", opts...)
+	}
+	return nats.Connect(s.ClientURL(), opts...)
+}
+
+// Stop shuts the server down and waits for it, bounded by ctx.
+func (s *Server) Stop(ctx context.Context) {
+	done := make(chan struct{})
+	go func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	if s.memDir != "" {
+		_ = os.RemoveAll(s.memDir)
+	}
+}
+
+type slogAdapter struct{ log *slog.Logger }
+
+func (a *slogAdapter) Noticef(f string, v ...any) { a.log.Info(fmt.Sprintf(f, v...)) }
+func (a *slogAdapter) Warnf(f string, v ...any)   { a.log.Warn(fmt.Sprintf(f, v...)) }
+func (a *slogAdapter) Fatalf(f string, v ...any)  { a.log.Error(fmt.Sprintf(f, v...)) }
+func (a *slogAdapter) Errorf(f string, v ...any)  { a.log.Error(fmt.Sprintf(f, v...)) }
+func (a *slogAdapter) Debugf(f string, v ...any)  { a.log.Debug(fmt.Sprintf(f, v...)) }
+func (a *slogAdapter) Tracef(f string, v ...any)  { a.log.Debug(fmt.Sprintf(f, v...)) }

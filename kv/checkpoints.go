@@ -1,0 +1,225 @@
+package kv
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// Checkpoints stores one checkpoint per job in a JetStream KV bucket. Every
+// write is a compare-and-swap on the revision the writer read (DESIGN.md
+// invariant 1): Create succeeds only if the key is absent, Update only if
+// the revision is still current. Safe for concurrent use.
+type Checkpoints struct {
+	kv       jetstream.KeyValue
+	js       jetstream.JetStream
+	maxBytes int
+}
+
+// Entry is a decoded checkpoint with the KV revision it was read at.
+type Entry struct {
+	Checkpoint *schemas.Checkpoint
+	Revision   uint64
+	Size       int // encoded bytes
+}
+
+// Get returns job's checkpoint. Errors: schemas.ErrNotFound when absent;
+// schemas.ErrQuarantined (with the decode error) when the stored value is
+// not a checkpoint this version can read.
+func (c *Checkpoints) Get(ctx context.Context, job string) (Entry, error) {
+	e, err := c.kv.Get(ctx, job)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Entry{}, schemas.Errorf(schemas.CodeNotFound, "no job %q", job)
+	}
+	if errors.Is(err, jetstream.ErrInvalidKey) {
+		return Entry{}, schemas.Errorf(schemas.CodeNotFound, "no job %q (not a valid job id)", job)
+	}
+	if err != nil {
+		return Entry{}, fmt.Errorf("load checkpoint %s: %w", job, err)
+	}
+	cp, err := DecodeCheckpoint(job, e.Value())
+	if err != nil {
+		return Entry{}, err
+	}
+	return Entry{Checkpoint: cp, Revision: e.Revision(), Size: len(e.Value())}, nil
+}
+
+// DecodeCheckpoint decodes a stored checkpoint for job. A value that does
+// not decode, has another schema version, or belongs to another job gives
+// schemas.ErrQuarantined: it is never resumed from.
+func DecodeCheckpoint(job string, data []byte) (*schemas.Checkpoint, error) {
+	var cp schemas.Checkpoint
+	if err := json.Unmarshal(data, &cp); err != nil {
+		return nil, schemas.Errorf(schemas.CodeQuarantined, "checkpoint %s does not decode: %v", job, err)
+	}
+	switch {
+	case cp.Schema != schemas.CheckpointSchema:
+		return nil, schemas.Errorf(schemas.CodeQuarantined, "checkpoint %s has schema version %d; this build reads %d (migrate it first)", job, cp.Schema, schemas.CheckpointSchema)
+	case cp.JobID != job:
+		return nil, schemas.Errorf(schemas.CodeQuarantined, "checkpoint under key %s names job %q", job, cp.JobID)
+	case cp.DefinitionHash == "" || cp.Seq == 0 || cp.Status == "":
+		return nil, schemas.Errorf(schemas.CodeQuarantined, "checkpoint %s lacks definition hash, sequence or status", job)
+	}
+	return &cp, nil
+}
+
+// Encode returns cp's stored form, or schemas.ErrTooLarge naming the job
+// and both sizes.
+func (c *Checkpoints) Encode(cp *schemas.Checkpoint) ([]byte, error) {
+	data, err := json.Marshal(cp)
+	if err != nil {
+		return nil, fmt.Errorf("encode checkpoint %s: %w", cp.JobID, err)
+	}
+	if len(data) > c.maxBytes {
+		return nil, (&schemas.Error{Code: schemas.CodeTooLarge, Job: cp.JobID,
+			Message: fmt.Sprintf("checkpoint is %d bytes; the bucket's limit is %d", len(data), c.maxBytes)})
+	}
+	return data, nil
+}
+
+// Create stores cp for a new job and returns its revision. Errors:
+// schemas.ErrConflict if the job exists; schemas.ErrTooLarge.
+func (c *Checkpoints) Create(ctx context.Context, cp *schemas.Checkpoint) (uint64, error) {
+	return c.write(ctx, cp, 0)
+}
+
+// Update stores cp if job's revision is still rev and returns the new
+// revision. Errors: schemas.ErrConflict if another writer got there first
+// (reload and decide again, never overwrite); schemas.ErrTooLarge.
+func (c *Checkpoints) Update(ctx context.Context, cp *schemas.Checkpoint, rev uint64) (uint64, error) {
+	if rev == 0 {
+		return 0, fmt.Errorf("update checkpoint %s: revision 0 (use Create)", cp.JobID)
+	}
+	return c.write(ctx, cp, rev)
+}
+
+func (c *Checkpoints) write(ctx context.Context, cp *schemas.Checkpoint, rev uint64) (uint64, error) {
+	f, err := c.WriteAsync(cp, rev)
+	if err != nil {
+		return 0, err
+	}
+	return f.Wait(ctx)
+}
+
+// PendingWrite is a checkpoint write in flight.
+type PendingWrite struct {
+	job string
+	rev uint64
+	f   jetstream.PubAckFuture
+}
+
+// WriteAsync starts a compare-and-swap write of cp expecting revision rev
+// (0: the job must not exist) without waiting for the server. Many writes
+// may be in flight at once; Wait collects each outcome. The expected
+// revision travels as Nats-Expected-Last-Subject-Sequence (ADR-8, KV).
+func (c *Checkpoints) WriteAsync(cp *schemas.Checkpoint, rev uint64) (*PendingWrite, error) {
+	data, err := c.Encode(cp)
+	if err != nil {
+		return nil, err
+	}
+	m := nats.NewMsg("$KV." + c.kv.Bucket() + "." + cp.JobID)
+	m.Data = data
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+	f, err := c.js.PublishMsgAsync(m)
+	if err != nil {
+		return nil, fmt.Errorf("write checkpoint %s: %w", cp.JobID, err)
+	}
+	return &PendingWrite{job: cp.JobID, rev: rev, f: f}, nil
+}
+
+// Wait blocks until the write is acknowledged or ctx ends, and returns the
+// new revision. Errors: schemas.ErrConflict on a revision mismatch. Any
+// other error leaves the outcome unknown: the write may or may not have
+// been stored, so the caller must reload before deciding again.
+func (p *PendingWrite) Wait(ctx context.Context) (uint64, error) {
+	select {
+	case ack := <-p.f.Ok():
+		return ack.Sequence, nil
+	case err := <-p.f.Err():
+		if isRevisionConflict(err) {
+			if p.rev == 0 {
+				return 0, schemas.Errorf(schemas.CodeConflict, "job %s already exists", p.job).WithCause(err)
+			}
+			return 0, schemas.Errorf(schemas.CodeConflict, "checkpoint %s changed since revision %d", p.job, p.rev).WithCause(err)
+		}
+		return 0, fmt.Errorf("write checkpoint %s: %w", p.job, err)
+	case <-ctx.Done():
+		return 0, fmt.Errorf("write checkpoint %s: outcome unknown: %w", p.job, ctx.Err())
+	}
+}
+
+// isRevisionConflict classifies a compare-and-swap failure by the client's
+// sentinels and both server codes (10071 on R1, 10164 on replicated streams).
+func isRevisionConflict(err error) bool {
+	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+	}
+	return false
+}
+
+// List calls fn with every stored checkpoint, in key order of the bucket's
+// stream, until fn returns false or ctx ends. Entries that fail to decode
+// are passed with a nil Checkpoint and the error.
+func (c *Checkpoints) List(ctx context.Context, fn func(job string, e Entry, err error) bool) error {
+	w, err := c.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return fmt.Errorf("list checkpoints: %w", err)
+	}
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("list checkpoints: %w", ctx.Err())
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil
+			}
+			if e == nil { // initial values delivered
+				return nil
+			}
+			cp, derr := DecodeCheckpoint(e.Key(), e.Value())
+			if !fn(e.Key(), Entry{Checkpoint: cp, Revision: e.Revision(), Size: len(e.Value())}, derr) {
+				return nil
+			}
+		}
+	}
+}
+
+// Watch calls fn for job's current checkpoint and every later write until
+// fn returns false or ctx ends.
+func (c *Checkpoints) Watch(ctx context.Context, job string, fn func(e Entry, err error) bool) error {
+	w, err := c.kv.Watch(ctx, job, jetstream.IgnoreDeletes())
+	if err != nil {
+		return fmt.Errorf("watch checkpoint %s: %w", job, err)
+	}
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return fmt.Errorf("watch checkpoint %s: watcher closed", job)
+			}
+			if e == nil {
+				continue
+			}
+			cp, derr := DecodeCheckpoint(job, e.Value())
+			if !fn(Entry{Checkpoint: cp, Revision: e.Revision(), Size: len(e.Value())}, derr) {
+				return nil
+			}
+		}
+	}
+}

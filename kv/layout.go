@@ -1,0 +1,397 @@
+package kv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Defaults for Config. Each is the value a zero field takes.
+const (
+	DefaultPrefix          = "waymark"
+	DefaultDuplicates      = 2 * time.Minute
+	DefaultInboxAckWait    = 30 * time.Second
+	DefaultWorkAckWait     = 30 * time.Second
+	DefaultWorkMaxDeliver  = 20
+	DefaultMaxValueBytes   = 1 << 20
+	DefaultMaxAckPending   = 20000
+	DefaultHistoryMaxAge   = 30 * 24 * time.Hour
+	DefaultReplicas        = 1
+	DefaultMaxMessageBytes = 1 << 20
+)
+
+// Inbox subject kinds: the third token of an inbox subject.
+const (
+	InboxStart  = "start"
+	InboxResult = "result"
+)
+
+// Config names and sizes every JetStream resource Waymark uses. Engines and
+// workers that share a deployment must share a Config (at least its
+// Prefix); the zero value gives the documented defaults.
+type Config struct {
+	// Prefix starts every name: lower-case in buckets, consumers and
+	// subjects, upper-case in streams. Default "waymark".
+	Prefix string `json:"prefix,omitempty"`
+	// Replicas of every stream and bucket (1, 3 or 5). Default 1.
+	Replicas int `json:"replicas,omitempty"`
+	// Memory stores everything in memory instead of files. For tests only:
+	// nothing survives a server restart.
+	Memory bool `json:"memory,omitempty"`
+	// Duplicates is the dedup window of the work, inbox and history
+	// streams. Default 2m. Dedup beyond it rests on checkpoints and the
+	// effect ledger (DESIGN.md invariant 5).
+	Duplicates time.Duration `json:"duplicates,omitempty"`
+	// InboxAckWait bounds how long an engine may hold an inbox message
+	// before another engine gets it: the recovery latency after an engine
+	// dies mid-transition. Default 30s.
+	InboxAckWait time.Duration `json:"inbox_ack_wait,omitempty"`
+	// WorkAckWait is a worker's lease on a step message; workers extend it
+	// with heartbeats while a step runs. Default 30s.
+	WorkAckWait time.Duration `json:"work_ack_wait,omitempty"`
+	// WorkMaxDeliver caps deliveries of one step message (a worker that dies
+	// on it every time). Default 20.
+	WorkMaxDeliver int `json:"work_max_deliver,omitempty"`
+	// MaxAckPending caps unacknowledged messages per consumer. Default 20000.
+	MaxAckPending int `json:"max_ack_pending,omitempty"`
+	// MaxValueBytes caps one checkpoint or definition. Default 1 MiB.
+	MaxValueBytes int32 `json:"max_value_bytes,omitempty"`
+	// MaxMessageBytes caps one step message or result. Default 1 MiB.
+	MaxMessageBytes int32 `json:"max_message_bytes,omitempty"`
+	// HistoryMaxAge is how long history events are kept. Default 30 days.
+	HistoryMaxAge time.Duration `json:"history_max_age,omitempty"`
+}
+
+var prefixRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,31}$`)
+
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if c.Replicas == 0 {
+		c.Replicas = DefaultReplicas
+	}
+	if c.Duplicates == 0 {
+		c.Duplicates = DefaultDuplicates
+	}
+	if c.InboxAckWait == 0 {
+		c.InboxAckWait = DefaultInboxAckWait
+	}
+	if c.WorkAckWait == 0 {
+		c.WorkAckWait = DefaultWorkAckWait
+	}
+	if c.WorkMaxDeliver == 0 {
+		c.WorkMaxDeliver = DefaultWorkMaxDeliver
+	}
+	if c.MaxAckPending == 0 {
+		c.MaxAckPending = DefaultMaxAckPending
+	}
+	if c.MaxValueBytes == 0 {
+		c.MaxValueBytes = DefaultMaxValueBytes
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.HistoryMaxAge == 0 {
+		c.HistoryMaxAge = DefaultHistoryMaxAge
+	}
+	return c
+}
+
+// Validate reports the first bad field of c (after WithDefaults).
+func (c Config) Validate() error {
+	switch {
+	case !prefixRE.MatchString(c.Prefix):
+		return fmt.Errorf("kv config: prefix %q: want lower-case letters, digits and '_', starting with a letter, at most 32", c.Prefix)
+	case c.Replicas != 1 && c.Replicas != 3 && c.Replicas != 5:
+		return fmt.Errorf("kv config: replicas %d: want 1, 3 or 5", c.Replicas)
+	case c.Duplicates < time.Second:
+		return fmt.Errorf("kv config: duplicates window %v: want at least 1s", c.Duplicates)
+	case c.InboxAckWait < 100*time.Millisecond || c.WorkAckWait < 100*time.Millisecond:
+		return fmt.Errorf("kv config: ack waits (inbox %v, work %v): want at least 100ms", c.InboxAckWait, c.WorkAckWait)
+	case c.WorkMaxDeliver < 2 && c.WorkMaxDeliver != -1:
+		return fmt.Errorf("kv config: work max deliver %d: want at least 2, or -1 for no limit", c.WorkMaxDeliver)
+	case c.MaxValueBytes < 1024 || c.MaxMessageBytes < 1024:
+		return fmt.Errorf("kv config: size limits (value %d, message %d bytes): want at least 1024", c.MaxValueBytes, c.MaxMessageBytes)
+	}
+	return nil
+}
+
+// Names are the concrete names derived from a Config.
+type Names struct {
+	CheckpointBucket  string // waymark_checkpoints
+	DefinitionBucket  string // waymark_definitions
+	WorkStream        string // WAYMARK_WORK
+	InboxStream       string // WAYMARK_INBOX
+	HistoryStream     string // WAYMARK_HISTORY
+	EngineConsumer    string // waymark-engine
+	WorkSubjectPrefix string // waymark.work.
+	InboxPrefix       string // waymark.inbox.
+	HistoryPrefix     string // waymark.history.
+	prefix            string
+}
+
+// NamesFor derives names from prefix (already validated).
+func NamesFor(prefix string) Names {
+	up := strings.ToUpper(prefix)
+	return Names{
+		CheckpointBucket:  prefix + "_checkpoints",
+		DefinitionBucket:  prefix + "_definitions",
+		WorkStream:        up + "_WORK",
+		InboxStream:       up + "_INBOX",
+		HistoryStream:     up + "_HISTORY",
+		EngineConsumer:    prefix + "-engine",
+		WorkSubjectPrefix: prefix + ".work.",
+		InboxPrefix:       prefix + ".inbox.",
+		HistoryPrefix:     prefix + ".history.",
+		prefix:            prefix,
+	}
+}
+
+// WorkSubject is the subject of pool's step messages.
+func (n Names) WorkSubject(pool string) string { return n.WorkSubjectPrefix + pool }
+
+// WorkConsumer is the durable consumer shared by pool's workers.
+func (n Names) WorkConsumer(pool string) string { return n.prefix + "-work-" + pool }
+
+// InboxSubject is where messages of kind (InboxStart, InboxResult) for job go.
+func (n Names) InboxSubject(kind, job string) string { return n.InboxPrefix + kind + "." + job }
+
+// HistorySubject is job's history subject.
+func (n Names) HistorySubject(job string) string { return n.HistoryPrefix + job }
+
+// ParseInboxSubject returns the kind and job of an inbox subject.
+func (n Names) ParseInboxSubject(subject string) (kind, job string, ok bool) {
+	rest, found := strings.CutPrefix(subject, n.InboxPrefix)
+	if !found {
+		return "", "", false
+	}
+	kind, job, ok = strings.Cut(rest, ".")
+	return kind, job, ok && job != "" && !strings.Contains(job, ".")
+}
+
+// ErrIncompatible is returned by Ensure when a stream, bucket or consumer
+// exists with settings Waymark cannot work with. It is never fixed by
+// deleting data: an operator decides.
+var ErrIncompatible = errors.New("incompatible JetStream resource")
+
+// Store bundles the typed stores and names over one JetStream context.
+type Store struct {
+	JS          jetstream.JetStream
+	Config      Config
+	Names       Names
+	Checkpoints *Checkpoints
+	Definitions *Definitions
+	log         *slog.Logger
+}
+
+// Open creates every stream and bucket that is absent and checks the ones
+// that exist (see Ensure), then returns the stores. log may be nil.
+func Open(ctx context.Context, js jetstream.JetStream, cfg Config, log *slog.Logger) (*Store, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Store{JS: js, Config: cfg, Names: NamesFor(cfg.Prefix), log: log}
+	cps, defs, err := s.ensure(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.Checkpoints = &Checkpoints{kv: cps, js: js, maxBytes: int(cfg.MaxValueBytes)}
+	s.Definitions = newDefinitions(defs)
+	return s, nil
+}
+
+func (s *Store) storage() jetstream.StorageType {
+	if s.Config.Memory {
+		return jetstream.MemoryStorage
+	}
+	return jetstream.FileStorage
+}
+
+func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err error) {
+	n, c := s.Names, s.Config
+	meta := map[string]string{"waymark_layout": "1"}
+	cps, err = s.ensureBucket(ctx, jetstream.KeyValueConfig{
+		Bucket:       n.CheckpointBucket,
+		Description:  "Waymark job checkpoints: key = job id, value = checkpoint JSON, written by compare-and-swap on the revision",
+		History:      1,
+		MaxValueSize: c.MaxValueBytes,
+		Storage:      s.storage(),
+		Replicas:     c.Replicas,
+		Metadata:     meta,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	defs, err = s.ensureBucket(ctx, jetstream.KeyValueConfig{
+		Bucket:       n.DefinitionBucket,
+		Description:  "Waymark workflow definitions: key = sha256 of the canonical JSON; name.<workflow> = latest hash",
+		History:      1,
+		MaxValueSize: max(c.MaxValueBytes, 8<<20),
+		Storage:      s.storage(),
+		Replicas:     c.Replicas,
+		Metadata:     meta,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	streams := []jetstream.StreamConfig{
+		{
+			Name:        n.WorkStream,
+			Description: "Waymark step messages, one subject per worker pool; removed when a worker acknowledges",
+			Subjects:    []string{n.WorkSubjectPrefix + "*"},
+			Retention:   jetstream.WorkQueuePolicy,
+			Duplicates:  c.Duplicates,
+			MaxMsgSize:  c.MaxMessageBytes,
+		},
+		{
+			Name:        n.InboxStream,
+			Description: "Waymark engine inbox: job starts and step results; removed when an engine has applied them",
+			Subjects:    []string{n.InboxPrefix + "*.*"},
+			Retention:   jetstream.WorkQueuePolicy,
+			Duplicates:  c.Duplicates,
+			MaxMsgSize:  c.MaxMessageBytes,
+		},
+		{
+			Name:        n.HistoryStream,
+			Description: "Waymark job history: one CloudEvent per transition, subject per job",
+			Subjects:    []string{n.HistoryPrefix + "*"},
+			Retention:   jetstream.LimitsPolicy,
+			Duplicates:  c.Duplicates,
+			MaxAge:      c.HistoryMaxAge,
+			MaxMsgSize:  c.MaxMessageBytes,
+		},
+	}
+	for _, sc := range streams {
+		sc.Storage = s.storage()
+		sc.Replicas = c.Replicas
+		sc.Metadata = meta
+		if err := s.ensureStream(ctx, sc); err != nil {
+			return nil, nil, err
+		}
+	}
+	if _, err := s.ensureConsumer(ctx, n.InboxStream, jetstream.ConsumerConfig{
+		Durable:       n.EngineConsumer,
+		Description:   "Waymark engines: starts and results to apply",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       c.InboxAckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: c.MaxAckPending,
+		Metadata:      meta,
+	}); err != nil {
+		return nil, nil, err
+	}
+	return cps, defs, nil
+}
+
+// EnsureWorkConsumer creates pool's work consumer if absent and returns it.
+func (s *Store) EnsureWorkConsumer(ctx context.Context, pool string) (jetstream.Consumer, error) {
+	n, c := s.Names, s.Config
+	return s.ensureConsumer(ctx, n.WorkStream, jetstream.ConsumerConfig{
+		Durable:       n.WorkConsumer(pool),
+		Description:   "Waymark workers of pool " + pool,
+		FilterSubject: n.WorkSubject(pool),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       c.WorkAckWait,
+		MaxDeliver:    c.WorkMaxDeliver,
+		MaxAckPending: c.MaxAckPending,
+		Metadata:      map[string]string{"waymark_layout": "1", "waymark_pool": pool},
+	})
+}
+
+// EngineConsumer returns the engines' inbox consumer.
+func (s *Store) EngineConsumer(ctx context.Context) (jetstream.Consumer, error) {
+	c, err := s.JS.Consumer(ctx, s.Names.InboxStream, s.Names.EngineConsumer)
+	if err != nil {
+		return nil, fmt.Errorf("open consumer %s on %s: %w", s.Names.EngineConsumer, s.Names.InboxStream, err)
+	}
+	return c, nil
+}
+
+func (s *Store) ensureBucket(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := s.JS.KeyValue(ctx, cfg.Bucket)
+	if err == nil {
+		st, err := kv.Status(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("status of bucket %s: %w", cfg.Bucket, err)
+		}
+		if st.History() < 1 {
+			return nil, fmt.Errorf("bucket %s: history %d: %w", cfg.Bucket, st.History(), ErrIncompatible)
+		}
+		return kv, nil
+	}
+	if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("open bucket %s: %w", cfg.Bucket, err)
+	}
+	kv, err = s.JS.CreateKeyValue(ctx, cfg)
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		return s.JS.KeyValue(ctx, cfg.Bucket)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("create bucket %s: %w", cfg.Bucket, err)
+	}
+	s.log.Debug("created bucket", "bucket", cfg.Bucket)
+	return kv, nil
+}
+
+func (s *Store) ensureStream(ctx context.Context, cfg jetstream.StreamConfig) error {
+	st, err := s.JS.Stream(ctx, cfg.Name)
+	if err == nil {
+		have := st.CachedInfo().Config
+		switch {
+		case have.Retention != cfg.Retention:
+			return fmt.Errorf("stream %s has retention %v, Waymark needs %v (delete it or choose another prefix): %w", cfg.Name, have.Retention, cfg.Retention, ErrIncompatible)
+		case len(have.Subjects) != 1 || have.Subjects[0] != cfg.Subjects[0]:
+			return fmt.Errorf("stream %s has subjects %v, Waymark needs %v: %w", cfg.Name, have.Subjects, cfg.Subjects, ErrIncompatible)
+		case have.Duplicates != cfg.Duplicates:
+			s.log.Warn("stream duplicate window differs from config; keeping the stream's", "stream", cfg.Name, "have", have.Duplicates, "want", cfg.Duplicates)
+		}
+		return nil
+	}
+	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("open stream %s: %w", cfg.Name, err)
+	}
+	if _, err := s.JS.CreateStream(ctx, cfg); err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return fmt.Errorf("create stream %s: %w", cfg.Name, err)
+	}
+	s.log.Debug("created stream", "stream", cfg.Name)
+	return nil
+}
+
+func (s *Store) ensureConsumer(ctx context.Context, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	c, err := s.JS.Consumer(ctx, stream, cfg.Durable)
+	if err == nil {
+		have := c.CachedInfo().Config
+		if have.AckPolicy != jetstream.AckExplicitPolicy || have.FilterSubject != cfg.FilterSubject {
+			return nil, fmt.Errorf("consumer %s on %s has ack policy %v and filter %q, Waymark needs explicit and %q: %w",
+				cfg.Durable, stream, have.AckPolicy, have.FilterSubject, cfg.FilterSubject, ErrIncompatible)
+		}
+		if have.AckWait != cfg.AckWait || have.MaxDeliver != cfg.MaxDeliver {
+			// Ack wait and max deliver are tuning, not layout: follow the config.
+			have.AckWait, have.MaxDeliver = cfg.AckWait, cfg.MaxDeliver
+			if c, err = s.JS.UpdateConsumer(ctx, stream, have); err != nil {
+				return nil, fmt.Errorf("update consumer %s on %s: %w", cfg.Durable, stream, err)
+			}
+		}
+		return c, nil
+	}
+	if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil, fmt.Errorf("open consumer %s on %s: %w", cfg.Durable, stream, err)
+	}
+	c, err = s.JS.CreateOrUpdateConsumer(ctx, stream, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("create consumer %s on %s: %w", cfg.Durable, stream, err)
+	}
+	return c, nil
+}

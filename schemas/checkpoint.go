@@ -1,0 +1,140 @@
+package schemas
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// CheckpointSchema is the version of the Checkpoint encoding written today.
+// A checkpoint with another version is a migration, never read blindly.
+const CheckpointSchema = 1
+
+// JobStatus is where a job stands.
+type JobStatus string
+
+// Job statuses. Completed and Failed are terminal.
+const (
+	JobRunning     JobStatus = "running"     // a step is dispatched or waiting for its retry delay
+	JobCompleted   JobStatus = "completed"   // no transition remained; State is final
+	JobFailed      JobStatus = "failed"      // a step failed for good or a transition failed the job; see Error
+	JobQuarantined JobStatus = "quarantined" // the checkpoint could not be trusted; needs a person
+)
+
+// Terminal reports whether no further transition can happen.
+func (s JobStatus) Terminal() bool { return s == JobCompleted || s == JobFailed }
+
+// StepStatus is where one step of a job stands.
+type StepStatus string
+
+// Step statuses.
+const (
+	StepPending    StepStatus = "pending"    // not reached yet
+	StepDispatched StepStatus = "dispatched" // a message for the current attempt is (being) published
+	StepRetrying   StepStatus = "retrying"   // the last attempt failed; the next waits for its delay
+	StepCompleted  StepStatus = "completed"  // its output is in State
+	StepFailed     StepStatus = "failed"     // its attempts are exhausted or it failed for good
+)
+
+// Checkpoint is a job's execution state: one JetStream KV entry per job,
+// rewritten after every transition with a compare-and-swap on the revision
+// that was read (DESIGN.md invariant 1). It grows with State and with the
+// number of distinct steps, never with the number of steps run: history
+// goes to the history stream.
+type Checkpoint struct {
+	Schema         int               `json:"schema"` // CheckpointSchema
+	JobID          string            `json:"id"`
+	Workflow       string            `json:"workflow"`
+	Version        int               `json:"version"`
+	DefinitionHash string            `json:"definition_hash"`
+	Seq            uint64            `json:"seq"` // +1 per write; 1 at creation
+	Status         JobStatus         `json:"status"`
+	Input          json.RawMessage   `json:"input,omitempty"`
+	State          json.RawMessage   `json:"state"`
+	Vars           map[string]string `json:"vars,omitempty"` // pinned at start
+
+	// Steps holds one record per step that has been reached, by step id.
+	Steps map[string]*StepRecord `json:"steps,omitempty"`
+
+	// Current is the dispatch in flight, recorded before its message is
+	// published (DESIGN.md invariant 2); nil when none.
+	Current *Dispatch `json:"current,omitempty"`
+
+	// Cause is the dedup id of the inbox message that produced this Seq. A
+	// redelivery of that same message means its first handler may have died
+	// before publishing Outbox and Current, so they are published again.
+	Cause string `json:"cause,omitempty"`
+
+	// Outbox holds history events written with this Seq whose publication
+	// has not been confirmed to the next writer. Bounded: a writer that
+	// published them drops them.
+	Outbox []json.RawMessage `json:"outbox,omitempty"`
+
+	ResumeCount int    `json:"resume_count"`
+	Error       *Error `json:"error,omitempty"`
+
+	Parent      string     `json:"parent,omitempty"` // forked from this job
+	CreatedAt   time.Time  `json:"created_at"`
+	UpdatedAt   time.Time  `json:"updated_at"`
+	CompletedAt *time.Time `json:"completed_at,omitempty"`
+}
+
+// StepRecord is the summary of one step in a job.
+type StepRecord struct {
+	Status       StepStatus `json:"status"`
+	Attempts     int        `json:"attempts"`                // dispatches over the job's lifetime
+	Runs         int        `json:"runs"`                    // times the step was entered (loops enter again)
+	RunAttempt   int        `json:"run_attempt,omitempty"`   // attempts in the current run
+	ResultDigest string     `json:"result_digest,omitempty"` // hex SHA-256 of the last output
+	LastError    *Error     `json:"last_error,omitempty"`
+	DurationMs   int64      `json:"duration_ms,omitempty"` // wall time of the last attempt
+	CompletedSeq uint64     `json:"completed_seq,omitempty"`
+}
+
+// Dispatch is an attempt of a step that has been recorded for publication.
+// MsgID is the step message's Nats-Msg-Id, "<job>/<step>/<attempt>"; the
+// attempt number is counted over the job's lifetime, so every dispatch of
+// a step has its own id even when loops enter the step again.
+type Dispatch struct {
+	Step         string     `json:"step"`
+	Attempt      int        `json:"attempt"`
+	RunAttempt   int        `json:"run_attempt"`
+	MsgID        string     `json:"msg_id"`
+	Pool         string     `json:"pool"`
+	DispatchedAt time.Time  `json:"dispatched_at"`
+	NotBefore    *time.Time `json:"not_before,omitempty"` // retry delay: workers hold the message until then
+}
+
+// StepMsgID returns the dedup id of a step message.
+func StepMsgID(job, step string, attempt int) string {
+	return job + "/" + step + "/" + itoa(attempt)
+}
+
+// ResultMsgID returns the dedup id of a step result.
+func ResultMsgID(job, step string, attempt int) string {
+	return job + "/" + step + "/" + itoa(attempt) + "/result"
+}
+
+// StartMsgID returns the dedup id of a job start request.
+func StartMsgID(job string) string { return job + "/start" }
+
+func itoa(n int) string {
+	if n == 0 {
+		return "0"
+	}
+	var b [20]byte
+	i := len(b)
+	neg := n < 0
+	if neg {
+		n = -n
+	}
+	for n > 0 {
+		i--
+		b[i] = byte('0' + n%10)
+		n /= 10
+	}
+	if neg {
+		i--
+		b[i] = '-'
+	}
+	return string(b[i:])
+}

@@ -1,0 +1,429 @@
+package schemas
+
+import (
+	"bytes"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/goccy/go-yaml"
+	"github.com/goccy/go-yaml/ast"
+	"github.com/goccy/go-yaml/parser"
+)
+
+// WorkflowSchemaJSON is schemas/workflow.schema.json, the JSON Schema every
+// workflow definition must pass.
+//
+//go:embed workflow.schema.json
+var WorkflowSchemaJSON []byte
+
+// Size limits applied by the loader.
+const (
+	MaxDefinitionBytes = 4 << 20 // a workflow file, assets excluded
+	MaxAssetBytes      = 4 << 20 // one embedded asset
+)
+
+var workflowValidator = sync.OnceValues(func() (*Validator, error) {
+	return CompileSchema("workflow.schema.json", WorkflowSchemaJSON)
+})
+
+// Problem is one thing wrong with a definition, at a JSON Pointer (RFC
+// 6901) into the definition document, for example "/steps/2/next/0/to".
+type Problem struct {
+	Path    string `json:"path"`
+	Message string `json:"message"`
+}
+
+// CheckFunc inspects a definition that has passed the workflow schema and
+// the loader's own checks, and reports problems by path. The engine checks
+// transition conditions this way, workers their kinds and templates.
+type CheckFunc func(*Definition) []Problem
+
+// LoadOptions adjusts Load and Parse.
+type LoadOptions struct {
+	// BaseDir resolves asset paths. Load defaults it to the file's folder;
+	// Parse to the working directory.
+	BaseDir string
+	// Checks run after the built-in checks; their problems are reported with
+	// file positions like the built-in ones.
+	Checks []CheckFunc
+}
+
+// LocatedProblem is a Problem with its place in the source file. Line and
+// Column are 1-based; 0 when unknown.
+type LocatedProblem struct {
+	Problem
+	Line   int `json:"line,omitempty"`
+	Column int `json:"column,omitempty"`
+}
+
+// DefinitionError lists everything wrong with a workflow file. It matches
+// ErrDefinitionInvalid with errors.Is.
+type DefinitionError struct {
+	File     string
+	Problems []LocatedProblem
+}
+
+// Error gives one line per problem: "file:line:col: path: message".
+func (e *DefinitionError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: invalid workflow definition (%d problem", e.File, len(e.Problems))
+	if len(e.Problems) != 1 {
+		b.WriteString("s")
+	}
+	b.WriteString(")")
+	for _, p := range e.Problems {
+		b.WriteString("\n  ")
+		b.WriteString(e.File)
+		if p.Line > 0 {
+			fmt.Fprintf(&b, ":%d", p.Line)
+			if p.Column > 0 {
+				fmt.Fprintf(&b, ":%d", p.Column)
+			}
+		}
+		b.WriteString(": ")
+		if p.Path != "" {
+			b.WriteString(PointerToPath(p.Path))
+			b.WriteString(": ")
+		}
+		b.WriteString(p.Message)
+	}
+	return b.String()
+}
+
+// Is matches ErrDefinitionInvalid.
+func (e *DefinitionError) Is(target error) bool { return target == ErrDefinitionInvalid }
+
+// Load reads, validates and hashes the workflow file at path (YAML or JSON).
+// Errors are a *DefinitionError naming the file, line and path of each
+// problem, or an I/O error wrapped with the path.
+func Load(path string, opts LoadOptions) (*Definition, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read workflow %s: %w", path, err)
+	}
+	if opts.BaseDir == "" {
+		opts.BaseDir = filepath.Dir(path)
+	}
+	return Parse(path, data, opts)
+}
+
+// Parse is Load on bytes already read; name is used in messages.
+func Parse(name string, data []byte, opts LoadOptions) (*Definition, error) {
+	fail := func(ps ...LocatedProblem) error { return &DefinitionError{File: name, Problems: ps} }
+	if len(data) > MaxDefinitionBytes {
+		return nil, fail(LocatedProblem{Problem: Problem{Message: fmt.Sprintf("file is %d bytes; the limit is %d", len(data), MaxDefinitionBytes)}})
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, fail(LocatedProblem{Problem: Problem{Message: "file is empty"}})
+	}
+	file, err := parser.ParseBytes(data, 0)
+	if err != nil {
+		return nil, fail(yamlProblem(err))
+	}
+	if len(file.Docs) != 1 {
+		return nil, fail(LocatedProblem{Problem: Problem{Message: fmt.Sprintf("want exactly one YAML document, found %d", len(file.Docs))}})
+	}
+	var raw any
+	if err := yaml.UnmarshalWithOptions(data, &raw); err != nil {
+		return nil, fail(yamlProblem(err))
+	}
+	doc, err := normalise(raw)
+	if err != nil {
+		return nil, fail(LocatedProblem{Problem: Problem{Message: err.Error()}})
+	}
+	loc := &locator{file: file}
+	locate := func(ps []Problem) error {
+		out := make([]LocatedProblem, 0, len(ps))
+		for _, p := range ps {
+			line, col := loc.position(p.Path)
+			out = append(out, LocatedProblem{Problem: p, Line: line, Column: col})
+		}
+		sort.SliceStable(out, func(i, j int) bool { return out[i].Line < out[j].Line })
+		return fail(out...)
+	}
+
+	wv, err := workflowValidator()
+	if err != nil {
+		return nil, fmt.Errorf("compile embedded workflow schema: %w", err)
+	}
+	if err := wv.Validate(doc); err != nil {
+		var se *SchemaError
+		if !errors.As(err, &se) {
+			return nil, fail(LocatedProblem{Problem: Problem{Message: err.Error()}})
+		}
+		return nil, locate(schemaProblems(se))
+	}
+
+	m := doc.(map[string]any)
+	if ps := embedAssets(m, opts.BaseDir); len(ps) > 0 {
+		return nil, locate(ps)
+	}
+	canonical, err := json.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("encode definition %s: %w", name, err)
+	}
+	def, err := DecodeDefinition(canonical)
+	if err != nil {
+		return nil, fail(LocatedProblem{Problem: Problem{Message: err.Error()}})
+	}
+	ps := checkDefinition(def)
+	if len(ps) == 0 {
+		for _, check := range opts.Checks {
+			ps = append(ps, check(def)...)
+		}
+	}
+	if len(ps) > 0 {
+		return nil, locate(ps)
+	}
+	return def, nil
+}
+
+// DecodeDefinition decodes the canonical JSON of a stored definition and
+// sets its Hash to the SHA-256 of data. It does not re-run the loader's
+// checks; stored definitions passed them when they were loaded.
+func DecodeDefinition(data []byte) (*Definition, error) {
+	var def Definition
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&def); err != nil {
+		return nil, Errorf(CodeDefinitionInvalid, "decode definition: %v", err)
+	}
+	if len(def.Steps) == 0 {
+		return nil, Errorf(CodeDefinitionInvalid, "decode definition: no steps")
+	}
+	sum := sha256.Sum256(data)
+	def.Hash = hex.EncodeToString(sum[:])
+	def.canonical = data
+	def.buildIndex()
+	return &def, nil
+}
+
+// Canonical returns the definition's canonical JSON: the bytes its Hash is
+// the SHA-256 of, and the form stored in the definitions bucket.
+func (d *Definition) Canonical() []byte { return d.canonical }
+
+// PointerToPath turns a JSON Pointer into the dotted form people read:
+// "/steps/2/next/0" → "steps[2].next[0]".
+func PointerToPath(ptr string) string {
+	if ptr == "" || ptr == "/" {
+		return "(root)"
+	}
+	var b strings.Builder
+	for _, tok := range strings.Split(strings.TrimPrefix(ptr, "/"), "/") {
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		if _, err := strconv.Atoi(tok); err == nil {
+			b.WriteString("[" + tok + "]")
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteString(".")
+		}
+		b.WriteString(tok)
+	}
+	return b.String()
+}
+
+func schemaProblems(se *SchemaError) []Problem {
+	ps := make([]Problem, 0, len(se.Problems))
+	for _, p := range se.Problems {
+		ps = append(ps, Problem{Path: p.Path, Message: p.Message})
+	}
+	// A failed oneOf/if-then reports every branch; the deepest paths carry
+	// the useful message, so drop problems whose path is a strict prefix of
+	// another's.
+	var out []Problem
+	for i, p := range ps {
+		shadowed := false
+		for j, q := range ps {
+			if i != j && strings.HasPrefix(q.Path, p.Path+"/") {
+				shadowed = true
+				break
+			}
+		}
+		if !shadowed {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func yamlProblem(err error) LocatedProblem {
+	var ye yaml.Error
+	if errors.As(err, &ye) {
+		p := LocatedProblem{Problem: Problem{Message: "YAML: " + ye.GetMessage()}}
+		if tok := ye.GetToken(); tok != nil && tok.Position != nil {
+			p.Line, p.Column = tok.Position.Line, tok.Position.Column
+		}
+		return p
+	}
+	return LocatedProblem{Problem: Problem{Message: "YAML: " + err.Error()}}
+}
+
+// normalise turns what the YAML decoder produced into plain JSON types
+// (map[string]any, []any, json.Number, string, bool, nil).
+func normalise(v any) (any, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("definition is not representable as JSON (keys must be strings): %v", err)
+	}
+	out, err := DecodeJSON(b)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := out.(map[string]any); !ok {
+		return nil, fmt.Errorf("top level must be a mapping, not %s", jsonKind(out))
+	}
+	return out, nil
+}
+
+func jsonKind(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case map[string]any:
+		return "a mapping"
+	case []any:
+		return "a list"
+	case string:
+		return "a string"
+	case bool:
+		return "a boolean"
+	}
+	return "a number"
+}
+
+// embedAssets replaces each asset path with the file's content.
+func embedAssets(m map[string]any, base string) []Problem {
+	assets, _ := m["assets"].(map[string]any)
+	var ps []Problem
+	names := make([]string, 0, len(assets))
+	for n := range assets {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		rel := assets[name].(string)
+		ptr := "/assets/" + name
+		path := rel
+		if !filepath.IsAbs(path) {
+			path = filepath.Join(base, rel)
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			ps = append(ps, Problem{Path: ptr, Message: fmt.Sprintf("read asset: %v", err)})
+			continue
+		}
+		if len(data) > MaxAssetBytes {
+			ps = append(ps, Problem{Path: ptr, Message: fmt.Sprintf("asset %s is %d bytes; the limit is %d", rel, len(data), MaxAssetBytes)})
+			continue
+		}
+		if strings.EqualFold(filepath.Ext(path), ".json") {
+			v, err := DecodeJSON(data)
+			if err != nil {
+				ps = append(ps, Problem{Path: ptr, Message: fmt.Sprintf("asset %s is not valid JSON: %v", rel, err)})
+				continue
+			}
+			assets[name] = v
+			continue
+		}
+		assets[name] = string(data)
+	}
+	return ps
+}
+
+// checkDefinition finds what the schema cannot: duplicate ids, missing
+// targets and schemas that do not compile.
+func checkDefinition(d *Definition) []Problem {
+	var ps []Problem
+	seen := map[string]int{}
+	for i, s := range d.Steps {
+		if j, dup := seen[s.ID]; dup {
+			ps = append(ps, Problem{Path: fmt.Sprintf("/steps/%d/id", i), Message: fmt.Sprintf("duplicate step id %q (first at steps[%d])", s.ID, j)})
+			continue
+		}
+		seen[s.ID] = i
+	}
+	exists := func(id string) bool { _, ok := seen[id]; return ok }
+	if d.Start != "" && !exists(d.Start) {
+		ps = append(ps, Problem{Path: "/start", Message: fmt.Sprintf("start step %q does not exist", d.Start)})
+	}
+	for _, sc := range []struct {
+		ptr string
+		raw json.RawMessage
+	}{{"/input_schema", d.InputSchema}, {"/state_schema", d.StateSchema}} {
+		if _, err := CompileSchema(sc.ptr, sc.raw); err != nil {
+			ps = append(ps, Problem{Path: sc.ptr, Message: AsError(err).Message})
+		}
+	}
+	for i, s := range d.Steps {
+		base := fmt.Sprintf("/steps/%d", i)
+		for j, t := range s.Next {
+			if t.To != "" && !exists(t.To) {
+				ps = append(ps, Problem{Path: fmt.Sprintf("%s/next/%d/to", base, j), Message: fmt.Sprintf("transition to step %q, which does not exist", t.To)})
+			}
+		}
+		if s.OnError != "" && !exists(s.OnError) {
+			ps = append(ps, Problem{Path: base + "/on_error", Message: fmt.Sprintf("on_error names step %q, which does not exist", s.OnError)})
+		}
+		for _, sc := range []struct {
+			ptr string
+			raw json.RawMessage
+		}{{base + "/input_schema", s.InputSchema}, {base + "/output_schema", s.OutputSchema}} {
+			if _, err := CompileSchema(sc.ptr, sc.raw); err != nil {
+				ps = append(ps, Problem{Path: sc.ptr, Message: AsError(err).Message})
+			}
+		}
+	}
+	return ps
+}
+
+// locator maps JSON Pointers to positions in the YAML source.
+type locator struct{ file *ast.File }
+
+// position returns the line and column of the deepest existing node on
+// ptr's path, so a missing property points at its parent.
+func (l *locator) position(ptr string) (int, int) {
+	toks := []string{}
+	if ptr != "" && ptr != "/" {
+		toks = strings.Split(strings.TrimPrefix(ptr, "/"), "/")
+	}
+	for n := len(toks); n >= 0; n-- {
+		p, err := yamlPath(toks[:n])
+		if err != nil {
+			continue
+		}
+		node, err := p.FilterFile(l.file)
+		if err != nil || node == nil {
+			continue
+		}
+		tok := node.GetToken()
+		if tok == nil || tok.Position == nil {
+			continue
+		}
+		return tok.Position.Line, tok.Position.Column
+	}
+	return 0, 0
+}
+
+func yamlPath(toks []string) (*yaml.Path, error) {
+	b := (&yaml.PathBuilder{}).Root()
+	for _, t := range toks {
+		t = strings.ReplaceAll(strings.ReplaceAll(t, "~1", "/"), "~0", "~")
+		if n, err := strconv.Atoi(t); err == nil {
+			b = b.Index(uint(n))
+			continue
+		}
+		b = b.Child(t)
+	}
+	return b.Build(), nil
+}

@@ -1,0 +1,75 @@
+package schemas
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// StartRequest asks the engine to create a job. It is published to the
+// inbox with dedup id StartMsgID(JobID); the engine creates the checkpoint
+// create-only, so a second start of the same id attaches instead.
+type StartRequest struct {
+	JobID          string            `json:"job_id"`
+	DefinitionHash string            `json:"definition_hash"` // the definition must already be stored
+	Input          json.RawMessage   `json:"input"`
+	Vars           map[string]string `json:"vars,omitempty"`
+	Parent         string            `json:"parent,omitempty"`
+	RequestedAt    time.Time         `json:"requested_at"`
+}
+
+// StepMessage is one attempt of one step, sent to a worker pool on the work
+// stream with Nats-Msg-Id = StepMsgID(Job, Step, Attempt).
+type StepMessage struct {
+	Job            string            `json:"job"`
+	Step           string            `json:"step"`
+	Attempt        int               `json:"attempt"`     // over the job's lifetime
+	RunAttempt     int               `json:"run_attempt"` // within the current run, from 1
+	DefinitionHash string            `json:"definition_hash"`
+	State          json.RawMessage   `json:"state"` // the job's state when the attempt was dispatched
+	Vars           map[string]string `json:"vars,omitempty"`
+	NotBefore      *time.Time        `json:"not_before,omitempty"` // hold until then (retry backoff)
+	IdempotencyKey string            `json:"idempotency_key"`      // derived from job and step; the same on every attempt
+}
+
+// StepResult is a worker's answer for one attempt, sent to the engine's
+// inbox with Nats-Msg-Id = ResultMsgID(Job, Step, Attempt). Exactly one of
+// Output and Error is set.
+type StepResult struct {
+	Job         string          `json:"job"`
+	Step        string          `json:"step"`
+	Attempt     int             `json:"attempt"`
+	Output      json.RawMessage `json:"output,omitempty"`
+	Error       *Error          `json:"error,omitempty"`
+	DurationMs  int64           `json:"duration_ms"`
+	Redelivered bool            `json:"redelivered,omitempty"` // the step message had been delivered before: a worker died or stalled
+	Worker      string          `json:"worker,omitempty"`
+}
+
+// History event types (CloudEvents "type" attribute). Every transition of a
+// job appends one or more of these to the history stream (DESIGN.md
+// invariant 8).
+const (
+	EventJobStarted     = "dev.waymark.job.started"
+	EventJobResumed     = "dev.waymark.job.resumed"
+	EventJobCompleted   = "dev.waymark.job.completed"
+	EventJobFailed      = "dev.waymark.job.failed"
+	EventStepDispatched = "dev.waymark.step.dispatched"
+	EventStepCompleted  = "dev.waymark.step.completed"
+	EventStepFailed     = "dev.waymark.step.failed" // one attempt failed; Retrying tells whether another follows
+)
+
+// HistoryData is the data of a history event.
+type HistoryData struct {
+	Job          string    `json:"job"`
+	Seq          uint64    `json:"seq"` // checkpoint sequence the event was written with
+	Step         string    `json:"step,omitempty"`
+	Attempt      int       `json:"attempt,omitempty"`
+	Status       string    `json:"status,omitempty"`
+	DurationMs   int64     `json:"duration_ms,omitempty"`
+	Error        *Error    `json:"error,omitempty"`
+	ResultDigest string    `json:"result_digest,omitempty"`
+	Retrying     bool      `json:"retrying,omitempty"`
+	NotBefore    time.Time `json:"not_before,omitzero"`
+	Reason       string    `json:"reason,omitempty"`
+	Next         string    `json:"next,omitempty"`
+}
