@@ -33,27 +33,37 @@ const (
 	outcomeAttached                // a start for a job that exists: nothing to do
 )
 
-// newJob builds the first checkpoint of a job from a start request. Input
-// and state are checked against the definition's schemas; a failure is
-// schemas.ErrInputInvalid and nothing is stored.
-func newJob(c *compiled, req *schemas.StartRequest, msgID string, now time.Time) (*schemas.Checkpoint, []event, error) {
-	def := c.def
-	input := req.Input
+// checkInput checks a job input against the definition's input and state
+// schemas and returns it ({} when empty). Errors: schemas.ErrInputInvalid.
+func checkInput(c *compiled, input json.RawMessage) (json.RawMessage, error) {
 	if len(bytes.TrimSpace(input)) == 0 {
 		input = json.RawMessage("{}")
 	}
 	doc, err := decodePlain(input)
 	if err != nil {
-		return nil, nil, schemas.Errorf(schemas.CodeInputInvalid, "job %s: input is not JSON: %v", req.JobID, err)
+		return nil, schemas.Errorf(schemas.CodeInputInvalid, "input is not JSON: %v", err)
 	}
 	if _, ok := doc.(map[string]any); !ok {
-		return nil, nil, schemas.Errorf(schemas.CodeInputInvalid, "job %s: input must be a JSON object", req.JobID)
+		return nil, schemas.Errorf(schemas.CodeInputInvalid, "input must be a JSON object")
 	}
 	if err := c.input.Validate(doc); err != nil {
-		return nil, nil, schemas.Errorf(schemas.CodeInputInvalid, "job %s: input does not match the workflow's input_schema: %v", req.JobID, err)
+		return nil, schemas.Errorf(schemas.CodeInputInvalid, "input does not match the workflow's input_schema: %v", err)
 	}
 	if err := c.state.Validate(doc); err != nil {
-		return nil, nil, schemas.Errorf(schemas.CodeInputInvalid, "job %s: input, as the initial state, does not match the workflow's state_schema: %v", req.JobID, err)
+		return nil, schemas.Errorf(schemas.CodeInputInvalid, "input, as the initial state, does not match the workflow's state_schema: %v", err)
+	}
+	return input, nil
+}
+
+// newJob builds the first checkpoint of a job from a start request. Input
+// and state are checked against the definition's schemas; a failure is
+// schemas.ErrInputInvalid and nothing is stored.
+func newJob(c *compiled, req *schemas.StartRequest, msgID string, now time.Time) (*schemas.Checkpoint, []event, error) {
+	def := c.def
+	input, err := checkInput(c, req.Input)
+	if err != nil {
+		e := schemas.AsError(err)
+		return nil, nil, &schemas.Error{Code: e.Code, Message: e.Message, Job: req.JobID}
 	}
 	vars := maps.Clone(def.Vars)
 	if len(req.Vars) > 0 && vars == nil {

@@ -124,6 +124,17 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 	return res, nil
 }
 
+// CheckInput validates input against def as Start would, storing nothing.
+// Errors: schemas.ErrInputInvalid naming the violations.
+func CheckInput(def *schemas.Definition, input json.RawMessage) error {
+	c, err := compile(def)
+	if err != nil {
+		return err
+	}
+	_, err = checkInput(c, input)
+	return err
+}
+
 // Job returns job id's record. Errors: schemas.ErrNotFound,
 // schemas.ErrQuarantined.
 func (c *Client) Job(ctx context.Context, id string) (*JobView, error) {

@@ -74,6 +74,9 @@ func (e *Engine) Run(ctx context.Context) error {
 	e.ctr.started.Store(e.cfg.Now().UnixNano())
 	cons, err := e.store.EngineConsumer(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return err
 	}
 	lanes := make([]chan jetstream.Msg, e.cfg.Lanes)

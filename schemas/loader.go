@@ -56,6 +56,10 @@ type LoadOptions struct {
 	// Checks run after the built-in checks; their problems are reported with
 	// file positions like the built-in ones.
 	Checks []CheckFunc
+	// NoAssetFiles refuses definitions that list assets, which would be
+	// read from the local file system: for definitions that arrive over a
+	// network API.
+	NoAssetFiles bool
 }
 
 // LocatedProblem is a Problem with its place in the source file. Line and
@@ -165,6 +169,9 @@ func Parse(name string, data []byte, opts LoadOptions) (*Definition, error) {
 	}
 
 	m := doc.(map[string]any)
+	if _, has := m["assets"]; has && opts.NoAssetFiles {
+		return nil, locate([]Problem{{Path: "/assets", Message: "assets are read from files and cannot be used here; load the workflow from a file with the CLI"}})
+	}
 	if ps := embedAssets(m, opts.BaseDir); len(ps) > 0 {
 		return nil, locate(ps)
 	}

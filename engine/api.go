@@ -1,0 +1,210 @@
+package engine
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// MaxRequestBytes caps an HTTP API request body.
+const MaxRequestBytes = 8 << 20
+
+// API serves the engine's HTTP interface (JSON over HTTP/1.1):
+//
+//	POST /v1/workflows              body: a workflow definition (YAML or JSON) → {name, version, hash}
+//	POST /v1/jobs                   {"workflow" | "definition_hash", "input", "job_id"?, "vars"?} → 201 {job_id, ...}; 200 when attached
+//	GET  /v1/jobs?status=&workflow=&limit=  → {"jobs": [...]}
+//	GET  /v1/jobs/{id}              → the job record
+//	GET  /v1/jobs/{id}/history      → {"events": [...]}
+//	GET  /healthz                   → {"status": "ok"}
+//
+// Errors are {"error": {"code", "message", "problems"?}} with 400 for bad
+// input, 404 for unknown jobs and workflows, 500 otherwise.
+type API struct {
+	Client *Client
+	// Checks run on uploaded definitions besides the schema (transition
+	// conditions, known kinds); see schemas.LoadOptions.
+	Checks []schemas.CheckFunc
+	Logger *slog.Logger
+}
+
+// Handler returns the API's routes.
+func (a *API) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/workflows", a.putWorkflow)
+	mux.HandleFunc("POST /v1/jobs", a.startJob)
+	mux.HandleFunc("GET /v1/jobs", a.listJobs)
+	mux.HandleFunc("GET /v1/jobs/{id}", a.getJob)
+	mux.HandleFunc("GET /v1/jobs/{id}/history", a.getHistory)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	return mux
+}
+
+type apiError struct {
+	Code     schemas.Code             `json:"code"`
+	Message  string                   `json:"message"`
+	Problems []schemas.LocatedProblem `json:"problems,omitempty"`
+}
+
+func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status := http.StatusInternalServerError
+	body := apiError{Code: "internal", Message: err.Error()}
+	var de *schemas.DefinitionError
+	switch {
+	case errors.As(err, &de):
+		status, body.Code, body.Problems = http.StatusBadRequest, schemas.CodeDefinitionInvalid, de.Problems
+	case errors.Is(err, schemas.ErrNotFound):
+		status, body.Code = http.StatusNotFound, schemas.CodeNotFound
+	case errors.Is(err, schemas.ErrInputInvalid), errors.Is(err, schemas.ErrDefinitionInvalid):
+		status, body.Code = http.StatusBadRequest, schemas.AsError(err).Code
+	case errors.Is(err, schemas.ErrQuarantined):
+		status, body.Code = http.StatusConflict, schemas.CodeQuarantined
+	}
+	if status == http.StatusInternalServerError && a.Logger != nil {
+		a.Logger.Error("api", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeJSON(w, status, map[string]apiError{"error": body})
+}
+
+func badRequest(format string, args ...any) error {
+	return schemas.Errorf(schemas.CodeInputInvalid, format, args...)
+}
+
+func (a *API) putWorkflow(w http.ResponseWriter, r *http.Request) {
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
+	if err != nil {
+		a.fail(w, r, badRequest("read body: %v", err))
+		return
+	}
+	def, err := schemas.Parse("request body", data, schemas.LoadOptions{Checks: a.Checks, NoAssetFiles: true})
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if err := a.Client.store.Definitions.Put(r.Context(), def); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, map[string]any{"name": def.Name, "version": def.Version, "hash": def.Hash})
+}
+
+// StartJobRequest is the body of POST /v1/jobs. Exactly one of Workflow
+// (the latest stored version of that name) and DefinitionHash is set.
+type StartJobRequest struct {
+	Workflow       string            `json:"workflow,omitempty"`
+	DefinitionHash string            `json:"definition_hash,omitempty"`
+	Input          json.RawMessage   `json:"input"`
+	JobID          string            `json:"job_id,omitempty"`
+	Vars           map[string]string `json:"vars,omitempty"`
+}
+
+func (a *API) startJob(w http.ResponseWriter, r *http.Request) {
+	var req StartJobRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		a.fail(w, r, badRequest("request body: %v", err))
+		return
+	}
+	ctx := r.Context()
+	var def *schemas.Definition
+	var err error
+	switch {
+	case (req.Workflow == "") == (req.DefinitionHash == ""):
+		a.fail(w, r, badRequest("set exactly one of workflow and definition_hash"))
+		return
+	case req.Workflow != "":
+		def, err = a.Client.store.Definitions.Latest(ctx, req.Workflow)
+	default:
+		def, err = a.Client.store.Definitions.Get(ctx, req.DefinitionHash)
+	}
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	res, err := a.Client.Start(ctx, def, req.Input, StartOptions{JobID: req.JobID, Vars: req.Vars})
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	status := http.StatusCreated
+	if res.Attached {
+		status = http.StatusOK
+	}
+	writeJSON(w, status, res)
+}
+
+func (a *API) listJobs(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := ListFilter{Status: schemas.JobStatus(q.Get("status")), Workflow: q.Get("workflow")}
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 10000 {
+			a.fail(w, r, badRequest("limit %q: want 1..10000", s))
+			return
+		}
+		f.Limit = n
+	}
+	jobs, err := a.Client.List(r.Context(), f)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if jobs == nil {
+		jobs = []JobSummary{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"jobs": jobs})
+}
+
+func (a *API) getJob(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := ValidateJobID(id); err != nil {
+		a.fail(w, r, schemas.Errorf(schemas.CodeNotFound, "no job %q", id))
+		return
+	}
+	v, err := a.Client.Job(r.Context(), id)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+func (a *API) getHistory(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := ValidateJobID(id); err != nil {
+		a.fail(w, r, schemas.Errorf(schemas.CodeNotFound, "no job %q", id))
+		return
+	}
+	if _, err := a.Client.store.Checkpoints.Get(r.Context(), id); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	evs, err := a.Client.History(r.Context(), id)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if evs == nil {
+		evs = []HistoryEvent{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"events": evs})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		fmt.Fprintln(w)
+	}
+}

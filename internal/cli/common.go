@@ -1,0 +1,216 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/waymark-dev/waymark/engine"
+	"github.com/waymark-dev/waymark/internal/natsserver"
+	"github.com/waymark-dev/waymark/kv"
+	"github.com/waymark-dev/waymark/schemas"
+	"github.com/waymark-dev/waymark/steps"
+)
+
+// ExitError carries a process exit code out of a command.
+type ExitError struct {
+	Code int
+	Err  error
+}
+
+func (e *ExitError) Error() string { return e.Err.Error() }
+func (e *ExitError) Unwrap() error { return e.Err }
+
+// globals are the flags every command shares.
+type globals struct {
+	natsURL   string
+	creds     string
+	prefix    string
+	logLevel  string
+	logFormat string
+	stdout    io.Writer
+	stderr    io.Writer
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func (g *globals) bind(cmd *cobra.Command) {
+	f := cmd.PersistentFlags()
+	f.StringVarP(&g.natsURL, "nats-url", "s", os.Getenv("NATS_URL"), "NATS server URL (env NATS_URL); alias --server")
+	f.StringVar(&g.creds, "creds", os.Getenv("NATS_CREDS"), "NATS credentials file (env NATS_CREDS)")
+	f.StringVar(&g.prefix, "prefix", envOr("WAYMARK_PREFIX", kv.DefaultPrefix), "prefix of every stream, bucket and subject (env WAYMARK_PREFIX)")
+	f.StringVar(&g.logLevel, "log-level", envOr("WAYMARK_LOG_LEVEL", "warn"), "log level: debug, info, warn, error (env WAYMARK_LOG_LEVEL)")
+	f.StringVar(&g.logFormat, "log-format", envOr("WAYMARK_LOG_FORMAT", "text"), "log format: text or json (env WAYMARK_LOG_FORMAT)")
+	f.SetNormalizeFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
+		if name == "server" {
+			name = "nats-url"
+		}
+		return pflag.NormalizedName(name)
+	})
+}
+
+func (g *globals) logger() (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(g.logLevel)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", g.logLevel)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	switch g.logFormat {
+	case "text":
+		return slog.New(slog.NewTextHandler(g.stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(g.stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", g.logFormat)
+}
+
+// connect dials the NATS server named by --nats-url.
+func (g *globals) connect(name string) (*nats.Conn, error) {
+	url := g.natsURL
+	if url == "" {
+		url = nats.DefaultURL
+	}
+	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}
+	if g.creds != "" {
+		opts = append(opts, nats.UserCredentials(g.creds))
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w (is `engine serve` running? set --nats-url)", url, err)
+	}
+	return nc, nil
+}
+
+// openStore opens the Waymark layout over nc.
+func (g *globals) openStore(ctx context.Context, nc *nats.Conn, cfg kv.Config, log *slog.Logger) (*kv.Store, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	cfg.Prefix = g.prefix
+	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st, err := kv.Open(octx, js, cfg, log)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, context.DeadlineExceeded) {
+			return nil, fmt.Errorf("open Waymark streams and buckets: %w (does the server have JetStream enabled?)", err)
+		}
+		return nil, fmt.Errorf("open Waymark streams and buckets: %w", err)
+	}
+	return st, nil
+}
+
+// embeddedFlags configure the embedded nats-server.
+type embeddedFlags struct {
+	dataDir      string
+	sync         string
+	syncInterval time.Duration
+}
+
+func (e *embeddedFlags) bind(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&e.dataDir, "data-dir", envOr("WAYMARK_DATA_DIR", ".waymark"), "embedded server's data directory (env WAYMARK_DATA_DIR)")
+	f.StringVar(&e.sync, "sync", envOr("WAYMARK_SYNC", natsserver.SyncAlways), "embedded JetStream sync policy: always (fsync before every acknowledgement) or interval (env WAYMARK_SYNC)")
+	f.DurationVar(&e.syncInterval, "sync-interval", time.Second, "fsync period under --sync interval")
+}
+
+func (e *embeddedFlags) start(listen string, log *slog.Logger) (*natsserver.Server, error) {
+	return natsserver.Start(natsserver.Config{
+		DataDir: e.dataDir, Listen: listen, Sync: e.sync, SyncInterval: e.syncInterval,
+		Logger: log,
+	})
+}
+
+// loadWorkflow loads and checks a workflow file with every check the
+// engine and the built-in kinds can make.
+func loadWorkflow(path string, env *steps.Env, allowKinds []string) (*schemas.Definition, error) {
+	return schemas.Load(path, schemas.LoadOptions{Checks: []schemas.CheckFunc{
+		engine.Check,
+		steps.Builtins().Check(env, allowKinds...),
+	}})
+}
+
+// readInput reads a JSON input file ("-" for stdin). Errors name the file
+// and the byte offset of a syntax error.
+func readInput(path string, stdin io.Reader) (json.RawMessage, error) {
+	if path == "" {
+		return json.RawMessage("{}"), nil
+	}
+	var data []byte
+	var err error
+	if path == "-" {
+		data, err = io.ReadAll(io.LimitReader(stdin, 64<<20))
+	} else {
+		data, err = os.ReadFile(path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read input %s: %w", path, err)
+	}
+	if _, err := schemas.DecodeJSON(data); err != nil {
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			line, col := lineCol(data, se.Offset)
+			return nil, fmt.Errorf("input %s:%d:%d: not valid JSON: %v", path, line, col, err)
+		}
+		return nil, fmt.Errorf("input %s: not valid JSON: %v", path, err)
+	}
+	return json.RawMessage(data), nil
+}
+
+func lineCol(data []byte, off int64) (int, int) {
+	line, col := 1, 1
+	for i := int64(0); i < off && i < int64(len(data)); i++ {
+		if data[i] == '\n' {
+			line++
+			col = 1
+		} else {
+			col++
+		}
+	}
+	return line, col
+}
+
+// parseVars parses --var name=value pairs.
+func parseVars(pairs []string) (map[string]string, error) {
+	if len(pairs) == 0 {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, p := range pairs {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--var %q: want name=value", p)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func checkOutput(o string) error {
+	if o != "text" && o != "json" {
+		return fmt.Errorf("--output %q: want text or json", o)
+	}
+	return nil
+}

@@ -1,0 +1,257 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/waymark-dev/waymark/engine"
+	"github.com/waymark-dev/waymark/kv"
+	"github.com/waymark-dev/waymark/schemas"
+	"github.com/waymark-dev/waymark/steps"
+)
+
+// withClient connects to --nats-url and runs fn with a job client.
+func (g *globals) withClient(ctx context.Context, fn func(*engine.Client, *kv.Store) error) error {
+	log, err := g.logger()
+	if err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
+	nc, err := g.connect("waymark-cli")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	st, err := g.openStore(ctx, nc, kv.Config{}, log)
+	if err != nil {
+		return err
+	}
+	return fn(engine.NewClient(st), st)
+}
+
+func newStartCmd(g *globals) *cobra.Command {
+	var input, jobID, output string
+	var vars []string
+	var sf stepFlags
+	cmd := &cobra.Command{
+		Use:   "start WORKFLOW --input FILE",
+		Short: "Start a job on a running engine and print its id",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			env, err := sf.env()
+			if err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			def, err := loadWorkflow(args[0], env, sf.allowKinds)
+			if err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			in, err := readInput(input, cmd.InOrStdin())
+			if err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			vm, err := parseVars(vars)
+			if err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			return g.withClient(cmd.Context(), func(c *engine.Client, _ *kv.Store) error {
+				res, err := c.Start(cmd.Context(), def, in, engine.StartOptions{JobID: jobID, Vars: vm})
+				if errors.Is(err, schemas.ErrInputInvalid) {
+					return &ExitError{Code: 2, Err: fmt.Errorf("input %s: %w", input, err)}
+				}
+				if err != nil {
+					return err
+				}
+				if res.Mismatch != "" {
+					fmt.Fprintf(g.stderr, "warning: %s\n", res.Mismatch)
+				}
+				if output == "json" {
+					return printJSON(g.stdout, res)
+				}
+				fmt.Fprintln(g.stdout, res.JobID)
+				return nil
+			})
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVarP(&input, "input", "i", "", "job input: a JSON file, or - for stdin")
+	fl.StringVar(&jobID, "job-id", "", "job id; an existing id attaches to that job")
+	fl.StringArrayVar(&vars, "var", nil, "name=value overriding one of the workflow's vars (repeatable)")
+	fl.StringVarP(&output, "output", "o", "text", "text (the job id) or json")
+	fl.StringArrayVar(&sf.allowKinds, "allow-kind", nil, "a step kind only remote workers know (repeatable)")
+	sf.modelMode = steps.ModelReplay // loading only checks settings; no model is called here
+	return cmd
+}
+
+func newStatusCmd(g *globals) *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "status JOB",
+		Short: "Show a job: status, resume count, steps and state",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			return g.withClient(cmd.Context(), func(c *engine.Client, _ *kv.Store) error {
+				v, err := c.Job(cmd.Context(), args[0])
+				if errors.Is(err, schemas.ErrNotFound) {
+					return &ExitError{Code: 1, Err: err}
+				}
+				if err != nil {
+					return err
+				}
+				if output == "json" {
+					return printJSON(g.stdout, v)
+				}
+				printView(g.stdout, v)
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	return cmd
+}
+
+func printView(w io.Writer, v *engine.JobView) {
+	fmt.Fprintf(w, "job       %s\n", v.ID)
+	fmt.Fprintf(w, "workflow  %s v%d (definition %s)\n", v.Workflow, v.Version, v.DefinitionHash[:min(12, len(v.DefinitionHash))])
+	fmt.Fprintf(w, "status    %s\n", v.Status)
+	fmt.Fprintf(w, "resumes   %d\n", v.ResumeCount)
+	fmt.Fprintf(w, "updated   %s (seq %d)\n", v.UpdatedAt.Format(time.RFC3339), v.Seq)
+	if v.Error != nil {
+		fmt.Fprintf(w, "error     %s\n", v.Error.Error())
+	}
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nSTEP\tKIND\tSTATUS\tATTEMPTS\tLAST")
+	for _, s := range v.Steps {
+		last := ""
+		if s.LastError != nil {
+			last = oneLine(s.LastError.Error(), 100)
+		} else if s.DurationMs > 0 {
+			last = fmt.Sprintf("%dms", s.DurationMs)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", s.ID, s.Kind, s.Status, s.Attempts, last)
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(w, "\nstate:")
+	_ = printJSON(w, v.State)
+}
+
+func newListCmd(g *globals) *cobra.Command {
+	var output, status, workflow string
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List jobs, most recently updated first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(output); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			return g.withClient(cmd.Context(), func(c *engine.Client, _ *kv.Store) error {
+				jobs, err := c.List(cmd.Context(), engine.ListFilter{Status: schemas.JobStatus(status), Workflow: workflow, Limit: limit})
+				if err != nil {
+					return err
+				}
+				if output == "json" {
+					if jobs == nil {
+						jobs = []engine.JobSummary{}
+					}
+					return printJSON(g.stdout, map[string]any{"jobs": jobs})
+				}
+				tw := tabwriter.NewWriter(g.stdout, 2, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "JOB\tWORKFLOW\tSTATUS\tSTEP\tRESUMES\tUPDATED")
+				for _, j := range jobs {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", j.ID, j.Workflow, j.Status, j.CurrentStep, j.ResumeCount, j.UpdatedAt.Format(time.RFC3339))
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVarP(&output, "output", "o", "text", "text or json")
+	fl.StringVar(&status, "status", "", "only jobs with this status (running, completed, failed)")
+	fl.StringVar(&workflow, "workflow", "", "only jobs of this workflow")
+	fl.IntVar(&limit, "limit", 100, "at most this many")
+	return cmd
+}
+
+func newHistoryCmd(g *globals) *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "history JOB",
+		Short: "Print a job's history: every transition, in order",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			return g.withClient(cmd.Context(), func(c *engine.Client, st *kv.Store) error {
+				if _, err := st.Checkpoints.Get(cmd.Context(), args[0]); err != nil {
+					return &ExitError{Code: 1, Err: err}
+				}
+				evs, err := c.History(cmd.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				if output == "json" {
+					if evs == nil {
+						evs = []engine.HistoryEvent{}
+					}
+					return printJSON(g.stdout, map[string]any{"events": evs})
+				}
+				for _, h := range evs {
+					fmt.Fprintf(g.stdout, "%s  seq %-4d %-28s", h.Time.Format("15:04:05.000"), h.Data.Seq, h.Type)
+					printEvent(g.stdout, h)
+					if h.Type == schemas.EventJobStarted || h.Type == schemas.EventJobCompleted {
+						fmt.Fprintln(g.stdout)
+					}
+				}
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	return cmd
+}
+
+func newValidateCmd(g *globals) *cobra.Command {
+	var input string
+	var sf stepFlags
+	cmd := &cobra.Command{
+		Use:   "validate WORKFLOW [--input FILE]",
+		Short: "Check a workflow definition (and an input) without running anything",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sf.modelMode = steps.ModelReplay
+			env, _ := sf.env()
+			def, err := loadWorkflow(args[0], env, sf.allowKinds)
+			if err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			if input != "" {
+				in, err := readInput(input, cmd.InOrStdin())
+				if err != nil {
+					return &ExitError{Code: 2, Err: err}
+				}
+				if err := engine.CheckInput(def, in); err != nil {
+					return &ExitError{Code: 2, Err: fmt.Errorf("input %s: %w", input, err)}
+				}
+			}
+			fmt.Fprintf(g.stdout, "%s: ok (%s v%d, %d steps, definition %s)\n", args[0], def.Name, def.Version, len(def.Steps), def.Hash[:12])
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&input, "input", "i", "", "also check this input against the input schema")
+	cmd.Flags().StringArrayVar(&sf.allowKinds, "allow-kind", nil, "a step kind only remote workers know (repeatable)")
+	return cmd
+}

@@ -1,0 +1,378 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+
+	"github.com/waymark-dev/waymark/engine"
+	"github.com/waymark-dev/waymark/internal/demo"
+	"github.com/waymark-dev/waymark/internal/failpoint"
+	"github.com/waymark-dev/waymark/internal/natsserver"
+	"github.com/waymark-dev/waymark/kv"
+	"github.com/waymark-dev/waymark/schemas"
+	"github.com/waymark-dev/waymark/steps"
+)
+
+// stepFlags configure in-process workers.
+type stepFlags struct {
+	services   []string
+	modelMode  string
+	allowKinds []string
+}
+
+func (s *stepFlags) bind(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringArrayVar(&s.services, "service", nil, "name=URL of a service that step templates reach as {{service \"name\"}} (repeatable)")
+	f.StringVar(&s.modelMode, "model-mode", envOr("WAYMARK_MODEL_MODE", steps.ModelAuto), "model steps: auto (live when the API key is set, else the cassette), live or replay (env WAYMARK_MODEL_MODE)")
+}
+
+func (s *stepFlags) env() (*steps.Env, error) {
+	switch s.modelMode {
+	case steps.ModelAuto, steps.ModelLive, steps.ModelReplay:
+	default:
+		return nil, fmt.Errorf("--model-mode %q: want auto, live or replay", s.modelMode)
+	}
+	svc, err := steps.ParseServices(s.services)
+	if err != nil {
+		return nil, err
+	}
+	return &steps.Env{Services: svc, ModelMode: s.modelMode}, nil
+}
+
+type runFlags struct {
+	input    string
+	jobID    string
+	vars     []string
+	output   string
+	workers  int
+	timeout  time.Duration
+	embedded embeddedFlags
+	steps    stepFlags
+}
+
+func newRunCmd(g *globals) *cobra.Command {
+	var f runFlags
+	cmd := &cobra.Command{
+		Use:   "run WORKFLOW --input FILE",
+		Short: "Run one job to the end on an embedded server (or --nats-url) and print its transitions",
+		Long: `Run starts an embedded nats-server (JetStream files under --data-dir), the engine
+and in-process workers, runs one job of WORKFLOW to completion, printing one line
+per transition, then the final state. With --job-id, running the same command again
+after a crash attaches to that job and finishes it instead of starting another.
+Bundled demo services named by the workflow ({{service "tickets"}}) start by
+themselves unless --service gives their URL. Exit status: 0 completed, 1 failed,
+2 bad input, 130 interrupted (the job stays saved and resumes on the next run).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runJob(cmd.Context(), g, &f, args[0], cmd.InOrStdin())
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVarP(&f.input, "input", "i", "", "job input: a JSON file, or - for stdin")
+	fl.StringVar(&f.jobID, "job-id", "", "job id; an existing id attaches to that job")
+	fl.StringArrayVar(&f.vars, "var", nil, "name=value overriding one of the workflow's vars (repeatable)")
+	fl.StringVarP(&f.output, "output", "o", "text", "text or json (the final job record as one JSON object)")
+	fl.IntVar(&f.workers, "workers", steps.DefaultConcurrency, "steps the in-process worker runs at once; 0 runs none (use separate worker processes)")
+	fl.DurationVar(&f.timeout, "timeout", 0, "give up waiting after this long (the job stays saved); 0 waits forever")
+	f.embedded.bind(cmd)
+	f.steps.bind(cmd)
+	return cmd
+}
+
+// stack is a running engine, its workers and whatever they need.
+type stack struct {
+	nc       *nats.Conn
+	srv      *natsserver.Server
+	store    *kv.Store
+	engine   *engine.Engine
+	workers  []*steps.Worker
+	services []*demo.Running
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	errs     chan error
+}
+
+// stackOptions say what to bring up.
+type stackOptions struct {
+	listen    string // embedded server client address; "" for in-process only
+	kvConfig  kv.Config
+	env       *steps.Env
+	workers   int
+	engines   int
+	demoDir   string   // where bundled demo services keep their data
+	demoNames []string // bundled services to start
+	log       *slog.Logger
+}
+
+func (g *globals) startStack(ctx context.Context, emb *embeddedFlags, o stackOptions) (*stack, error) {
+	s := &stack{errs: make(chan error, 8)}
+	fail := func(err error) (*stack, error) {
+		s.stop()
+		return nil, err
+	}
+	var err error
+	if g.natsURL != "" {
+		s.nc, err = g.connect("waymark-engine")
+	} else {
+		s.srv, err = emb.start(o.listen, o.log)
+		if err == nil {
+			s.nc, err = s.srv.Connect("waymark-engine")
+		}
+	}
+	if err != nil {
+		return fail(err)
+	}
+	if s.store, err = g.openStore(ctx, s.nc, o.kvConfig, o.log); err != nil {
+		return fail(err)
+	}
+	for _, name := range o.demoNames {
+		r, err := demo.Start(ctx, name, demo.Options{Dir: filepath.Join(o.demoDir, name)})
+		if err != nil {
+			return fail(fmt.Errorf("start bundled %s service: %w", name, err))
+		}
+		s.services = append(s.services, r)
+		if o.env.Services == nil {
+			o.env.Services = map[string]string{}
+		}
+		o.env.Services[name] = r.URL
+	}
+	fp, err := failpoint.FromEnv()
+	if err != nil {
+		return fail(err)
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.cancel = cancel
+	if o.engines > 0 {
+		if s.engine, err = engine.New(engine.Config{Store: s.store, Logger: o.log, Failpoints: fp}); err != nil {
+			return fail(err)
+		}
+		s.goRun(runCtx, s.engine.Run)
+	}
+	if o.workers > 0 {
+		w, err := steps.NewWorker(steps.WorkerConfig{Store: s.store, Env: o.env, Concurrency: o.workers, Logger: o.log, Failpoints: fp})
+		if err != nil {
+			return fail(err)
+		}
+		s.workers = append(s.workers, w)
+		s.goRun(runCtx, w.Run)
+	}
+	return s, nil
+}
+
+func (s *stack) goRun(ctx context.Context, run func(context.Context) error) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := run(ctx); err != nil {
+			s.errs <- err
+		}
+	}()
+}
+
+func (s *stack) stop() {
+	if s.cancel != nil {
+		s.cancel()
+	}
+	s.wg.Wait()
+	for _, r := range s.services {
+		_ = r.Close()
+	}
+	if s.nc != nil {
+		_ = s.nc.Drain()
+	}
+	if s.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		s.srv.Stop(ctx)
+		cancel()
+	}
+}
+
+var serviceRefRE = regexp.MustCompile(`service\s+"([A-Za-z0-9_-]+)"`)
+
+// bundledServices returns the bundled demo services def refers to that
+// env does not already map.
+func bundledServices(def *schemas.Definition, env *steps.Env) []string {
+	bundled := map[string]bool{}
+	for _, n := range demo.Names() {
+		bundled[n] = true
+	}
+	found := map[string]bool{}
+	for _, s := range def.Steps {
+		for _, m := range serviceRefRE.FindAllStringSubmatch(string(s.With), -1) {
+			name := m[1]
+			if _, given := env.Services[name]; !given && bundled[name] {
+				found[name] = true
+			}
+		}
+	}
+	out := make([]string, 0, len(found))
+	for n := range found {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.Reader) error {
+	if err := checkOutput(f.output); err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
+	log, err := g.logger()
+	if err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
+	env, err := f.steps.env()
+	if err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
+	def, err := loadWorkflow(path, env, f.steps.allowKinds)
+	if err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
+	input, err := readInput(f.input, stdin)
+	if err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
+	vars, err := parseVars(f.vars)
+	if err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
+	if f.jobID != "" {
+		if err := engine.ValidateJobID(f.jobID); err != nil {
+			return &ExitError{Code: 2, Err: err}
+		}
+	}
+	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stopSignals()
+
+	demoDir := filepath.Join(f.embedded.dataDir, "demo")
+	names := bundledServices(def, env)
+	st, err := g.startStack(ctx, &f.embedded, stackOptions{
+		env: env, workers: f.workers, engines: 1, demoDir: demoDir, demoNames: names, log: log,
+	})
+	if err != nil {
+		return err
+	}
+	defer st.stop()
+	out := g.stdout
+	text := f.output == "text"
+	client := engine.NewClient(st.store)
+	res, err := client.Start(ctx, def, input, engine.StartOptions{JobID: f.jobID, Vars: vars})
+	if err != nil {
+		if errors.Is(err, schemas.ErrInputInvalid) {
+			return &ExitError{Code: 2, Err: fmt.Errorf("input %s: %w", f.input, err)}
+		}
+		return err
+	}
+	if text {
+		if res.Attached {
+			fmt.Fprintf(out, "attached to job %s (it exists; resuming it)\n", res.JobID)
+			if res.Mismatch != "" {
+				fmt.Fprintf(g.stderr, "warning: %s\n", res.Mismatch)
+			}
+		} else {
+			fmt.Fprintf(out, "job %s started: %s v%d (definition %s)\n", res.JobID, def.Name, def.Version, def.Hash[:12])
+		}
+		for _, r := range st.services {
+			fmt.Fprintf(out, "bundled %s service at %s (data in %s)\n", r.Name, r.URL, r.Dir)
+		}
+	}
+	wctx := ctx
+	if f.timeout > 0 {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(ctx, f.timeout)
+		defer cancel()
+	}
+	start := time.Now()
+	view, err := client.Wait(wctx, res.JobID, func(h engine.HistoryEvent) {
+		if text {
+			printEvent(out, h)
+		}
+	})
+	if err != nil {
+		if ctx.Err() != nil || wctx.Err() != nil {
+			fmt.Fprintf(g.stderr, "stopped waiting; job %s is saved. Run the same command with --job-id %s to resume it.\n", res.JobID, res.JobID)
+			return &ExitError{Code: 130, Err: fmt.Errorf("job %s: %w", res.JobID, err)}
+		}
+		return err
+	}
+	if !text {
+		if err := printJSON(out, view); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(out, "job %s %s in %v (resume_count %d)\n", view.ID, view.Status, time.Since(start).Round(time.Millisecond), view.ResumeCount)
+		fmt.Fprintln(out, "final state:")
+		_ = printJSON(out, view.State)
+		for _, r := range st.services {
+			if r.Name == "tickets" {
+				fmt.Fprintf(out, "tickets filed: %s\n", filepath.Join(r.Dir, "tickets.jsonl"))
+			}
+		}
+	}
+	if view.Status == schemas.JobFailed {
+		reason := "no reason recorded"
+		if view.Error != nil {
+			reason = view.Error.Error()
+		}
+		return &ExitError{Code: 1, Err: fmt.Errorf("job %s failed: %s", view.ID, reason)}
+	}
+	return nil
+}
+
+// printEvent prints one history event as a transition line: step, attempt,
+// status, duration.
+func printEvent(w io.Writer, h engine.HistoryEvent) {
+	d := h.Data
+	switch h.Type {
+	case schemas.EventStepDispatched:
+		status := "dispatched"
+		if !d.NotBefore.IsZero() {
+			status = fmt.Sprintf("retrying at %s", d.NotBefore.Format("15:04:05.000"))
+		}
+		fmt.Fprintf(w, "  %-20s attempt %-3d %s\n", d.Step, d.Attempt, status)
+	case schemas.EventStepCompleted:
+		fmt.Fprintf(w, "  %-20s attempt %-3d completed  %dms\n", d.Step, d.Attempt, d.DurationMs)
+	case schemas.EventStepFailed:
+		what := "failed"
+		if d.Retrying {
+			what = "failed, will retry"
+		}
+		msg := ""
+		if d.Error != nil {
+			msg = ": " + oneLine(d.Error.Message, 200)
+		}
+		fmt.Fprintf(w, "  %-20s attempt %-3d %s  %dms%s\n", d.Step, d.Attempt, what, d.DurationMs, msg)
+	case schemas.EventJobResumed:
+		fmt.Fprintf(w, "  (resumed: %s)\n", d.Reason)
+	case schemas.EventJobFailed:
+		msg := ""
+		if d.Error != nil {
+			msg = ": " + oneLine(d.Error.Error(), 300)
+		}
+		fmt.Fprintf(w, "  job failed%s\n", msg)
+	}
+}
+
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > n {
+		s = s[:n] + "…"
+	}
+	return s
+}

@@ -1,0 +1,173 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	"github.com/waymark-dev/waymark/engine"
+	"github.com/waymark-dev/waymark/internal/demo"
+	"github.com/waymark-dev/waymark/schemas"
+	"github.com/waymark-dev/waymark/steps"
+)
+
+type serveFlags struct {
+	listen   string
+	http     string
+	workers  int
+	demo     bool
+	embedded embeddedFlags
+	steps    stepFlags
+}
+
+func newServeCmd(g *globals) *cobra.Command {
+	var f serveFlags
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run a long-lived engine with an HTTP API (embedded nats-server unless --nats-url)",
+		Long: `Serve runs the engine until SIGINT or SIGTERM. Without --nats-url it starts an
+embedded nats-server whose client port (--listen, loopback by default) lets the
+nats CLI, "engine start" and separate "worker" processes reach it. The HTTP API
+(--http) starts, gets and lists jobs and serves Prometheus /metrics.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return serve(cmd.Context(), g, &f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.listen, "listen", envOr("WAYMARK_LISTEN", "127.0.0.1:4222"), "embedded server's NATS client address (env WAYMARK_LISTEN)")
+	fl.StringVar(&f.http, "http", envOr("WAYMARK_HTTP", "127.0.0.1:8080"), "HTTP API address; empty disables it (env WAYMARK_HTTP)")
+	fl.IntVar(&f.workers, "workers", steps.DefaultConcurrency, "steps the in-process worker runs at once; 0 runs no in-process worker")
+	fl.BoolVar(&f.demo, "demo", false, "start the bundled demo services (tickets, payments, records, mail) for in-process workers")
+	f.embedded.bind(cmd)
+	f.steps.bind(cmd)
+	return cmd
+}
+
+func serve(ctx context.Context, g *globals, f *serveFlags) error {
+	log, err := g.logger()
+	if err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
+	env, err := f.steps.env()
+	if err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
+	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stopSignals()
+	o := stackOptions{listen: f.listen, env: env, workers: f.workers, engines: 1, log: log,
+		demoDir: filepath.Join(f.embedded.dataDir, "demo")}
+	if f.demo {
+		o.demoNames = demo.Names()
+	}
+	st, err := g.startStack(ctx, &f.embedded, o)
+	if err != nil {
+		return err
+	}
+	defer st.stop()
+
+	out := g.stdout
+	if st.srv != nil {
+		fmt.Fprintf(out, "nats: %s (embedded, JetStream in %s, sync %s)\n", st.srv.ClientURL(), f.embedded.dataDir, f.embedded.sync)
+	} else {
+		fmt.Fprintf(out, "nats: %s\n", g.natsURL)
+	}
+	for _, r := range st.services {
+		fmt.Fprintf(out, "service %s: %s\n", r.Name, r.URL)
+	}
+	var srv *http.Server
+	if f.http != "" {
+		ln, err := net.Listen("tcp", f.http)
+		if err != nil {
+			return fmt.Errorf("http API: listen on %s: %w", f.http, err)
+		}
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		registerEngineMetrics(reg, st.engine)
+		for _, w := range st.workers {
+			registerWorkerMetrics(reg, w)
+		}
+		api := &engine.API{Client: engine.NewClient(st.store), Logger: log, Checks: []schemas.CheckFunc{engine.Check, steps.Builtins().Check(env, f.steps.allowKinds...)}}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.Handle("/", api.Handler())
+		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				st.errs <- fmt.Errorf("http API: %w", err)
+			}
+		}()
+		fmt.Fprintf(out, "http: http://%s (API under /v1, metrics at /metrics)\n", ln.Addr())
+	}
+	fmt.Fprintln(out, "engine running; Ctrl-C stops it")
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-st.errs:
+	}
+	if srv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = srv.Shutdown(sctx)
+		cancel()
+	}
+	return runErr
+}
+
+// registerEngineMetrics exposes the engine's counters as Prometheus
+// counters named waymark_engine_<counter>_total.
+func registerEngineMetrics(reg *prometheus.Registry, e *engine.Engine) {
+	if e == nil {
+		return
+	}
+	counter := func(name, help string, get func(engine.Stats) uint64) {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: "waymark", Subsystem: "engine", Name: name + "_total", Help: help,
+		}, func() float64 { return float64(get(e.Stats())) }))
+	}
+	counter("jobs_started", "Jobs created.", func(s engine.Stats) uint64 { return s.JobsStarted })
+	counter("jobs_completed", "Jobs that completed.", func(s engine.Stats) uint64 { return s.JobsCompleted })
+	counter("jobs_failed", "Jobs that failed.", func(s engine.Stats) uint64 { return s.JobsFailed })
+	counter("jobs_rejected", "Start requests rejected for bad input.", func(s engine.Stats) uint64 { return s.JobsRejected })
+	counter("transitions", "Checkpoint writes.", func(s engine.Stats) uint64 { return s.Transitions })
+	counter("steps_dispatched", "Step messages published.", func(s engine.Stats) uint64 { return s.StepsDispatched })
+	counter("results_applied", "Step results applied.", func(s engine.Stats) uint64 { return s.ResultsApplied })
+	counter("stale_results_dropped", "Results for an attempt no longer current, dropped.", func(s engine.Stats) uint64 { return s.StaleDropped })
+	counter("cas_conflicts", "Checkpoint writes that lost a compare-and-swap.", func(s engine.Stats) uint64 { return s.CASConflicts })
+	counter("resumes", "Recoveries: a trigger or step delivered again after a process died or stalled.", func(s engine.Stats) uint64 { return s.Resumes })
+	counter("inbox_redeliveries", "Inbox messages delivered more than once.", func(s engine.Stats) uint64 { return s.InboxRedelivered })
+	counter("republished", "Dispatches published again after a handler died.", func(s engine.Stats) uint64 { return s.Republished })
+	counter("attempts_lost", "Attempts the reconciler declared lost.", func(s engine.Stats) uint64 { return s.AttemptsLost })
+	counter("reconcile_errors", "Reconciler passes that failed.", func(s engine.Stats) uint64 { return s.ReconcileErrors })
+	counter("handle_errors", "Inbox messages left for redelivery after an error.", func(s engine.Stats) uint64 { return s.HandleErrors })
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "waymark", Subsystem: "engine", Name: "first_progress_seconds",
+		Help: "Time from engine start to its first applied transition; 0 until then.",
+	}, func() float64 { return float64(e.Stats().FirstProgressMs) / 1000 }))
+}
+
+// registerWorkerMetrics exposes a worker's counters.
+func registerWorkerMetrics(reg prometheus.Registerer, w *steps.Worker) {
+	counter := func(name, help string, get func(steps.WorkerStats) uint64) {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: "waymark", Subsystem: "worker", Name: name + "_total", Help: help,
+		}, func() float64 { return float64(get(w.Stats())) }))
+	}
+	counter("steps_started", "Step attempts started.", func(s steps.WorkerStats) uint64 { return s.Started })
+	counter("steps_succeeded", "Step attempts that succeeded.", func(s steps.WorkerStats) uint64 { return s.Succeeded })
+	counter("steps_failed", "Step attempts that failed.", func(s steps.WorkerStats) uint64 { return s.Failed })
+	counter("redeliveries", "Step messages delivered again after a worker died or stalled.", func(s steps.WorkerStats) uint64 { return s.Redeliveries })
+	counter("results_published", "Results published to the engine.", func(s steps.WorkerStats) uint64 { return s.Published })
+	counter("heartbeats", "Lease extensions sent while steps ran.", func(s steps.WorkerStats) uint64 { return s.Heartbeats })
+}

@@ -1,0 +1,172 @@
+package steps
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"sort"
+	"strings"
+	"text/template"
+)
+
+// Model modes: how a model step picks between a live provider and its
+// cassette.
+const (
+	// ModelAuto calls the live provider when its API key is set (or the
+	// step names a base_url), else replays the step's cassette.
+	ModelAuto = "auto"
+	// ModelLive always calls the live provider.
+	ModelLive = "live"
+	// ModelReplay always answers from the cassette; nothing leaves the
+	// machine.
+	ModelReplay = "replay"
+)
+
+// RecordCassetteEnv names the environment variable that, when set to a
+// file path, records every live model reply into that cassette file.
+const RecordCassetteEnv = "WAYMARK_RECORD_CASSETTE"
+
+// Env is what a worker gives its step kinds from outside the definition.
+// The zero value works: no services, ModelAuto, os.Getenv, a default HTTP
+// client.
+type Env struct {
+	// Services maps a service name to its base URL, for {{service "name"}}
+	// in templates. Definitions name services, workers know where they are.
+	Services map[string]string
+	// ModelMode is ModelAuto (default), ModelLive or ModelReplay.
+	ModelMode string
+	// Getenv reads API keys; nil means os.Getenv. Keys are never stored.
+	Getenv func(string) string
+	// HTTPClient makes http steps' and model providers' requests; nil means
+	// a client with no overall timeout (steps carry their own deadlines).
+	HTTPClient *http.Client
+	// ProviderURLs overrides a model provider's base URL by provider name
+	// ("anthropic", "openai"): for proxies and tests.
+	ProviderURLs map[string]string
+}
+
+func (e *Env) getenv(k string) string {
+	if e == nil || e.Getenv == nil {
+		return os.Getenv(k)
+	}
+	return e.Getenv(k)
+}
+
+func (e *Env) httpClient() *http.Client {
+	if e == nil || e.HTTPClient == nil {
+		return http.DefaultClient
+	}
+	return e.HTTPClient
+}
+
+func (e *Env) modelMode() string {
+	if e == nil || e.ModelMode == "" {
+		return ModelAuto
+	}
+	return e.ModelMode
+}
+
+// Service returns the base URL of the named service. Errors list the
+// services the worker knows.
+func (e *Env) Service(name string) (string, error) {
+	if e != nil {
+		if u, ok := e.Services[name]; ok {
+			return strings.TrimRight(u, "/"), nil
+		}
+	}
+	var known []string
+	if e != nil {
+		for k := range e.Services {
+			known = append(known, k)
+		}
+	}
+	sort.Strings(known)
+	return "", fmt.Errorf("no service named %q (give the worker --service %s=URL; known: %s)", name, name, strings.Join(known, ", "))
+}
+
+// ParseServices parses "name=url" pairs, as --service flags give them.
+func ParseServices(pairs []string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, p := range pairs {
+		name, url, ok := strings.Cut(p, "=")
+		if !ok || name == "" || url == "" {
+			return nil, fmt.Errorf("service %q: want name=URL", p)
+		}
+		if !strings.HasPrefix(url, "http://") && !strings.HasPrefix(url, "https://") {
+			return nil, fmt.Errorf("service %s: URL %q must start with http:// or https://", name, url)
+		}
+		out[name] = url
+	}
+	return out, nil
+}
+
+// UntrustedOpen and UntrustedClose delimit untrusted text in prompts
+// (DESIGN.md invariant 7): the {{untrusted}} template function wraps its
+// argument in them and defuses any copy of them inside.
+const (
+	UntrustedOpen  = "<untrusted-data>"
+	UntrustedClose = "</untrusted-data>"
+)
+
+// templateFuncs are the functions step templates may call: json, untrusted,
+// service, join, lower, upper, trim. None reads the clock, so rendering the
+// same state twice gives the same text.
+func templateFuncs(env *Env) template.FuncMap {
+	return template.FuncMap{
+		"json": func(v any) (string, error) {
+			var b bytes.Buffer
+			enc := json.NewEncoder(&b)
+			enc.SetEscapeHTML(false)
+			if err := enc.Encode(v); err != nil {
+				return "", err
+			}
+			return strings.TrimRight(b.String(), "\n"), nil
+		},
+		"untrusted": func(v any) string {
+			s := fmt.Sprint(v)
+			s = strings.ReplaceAll(s, UntrustedClose, "</untrusted_data>")
+			s = strings.ReplaceAll(s, UntrustedOpen, "<untrusted_data>")
+			return UntrustedOpen + "\n" + s + "\n" + UntrustedClose
+		},
+		"service": env.Service,
+		"join": func(sep string, xs []any) string {
+			parts := make([]string, len(xs))
+			for i, x := range xs {
+				parts[i] = fmt.Sprint(x)
+			}
+			return strings.Join(parts, sep)
+		},
+		"lower": strings.ToLower,
+		"upper": strings.ToUpper,
+		"trim":  strings.TrimSpace,
+	}
+}
+
+// parseTemplate parses text as a step template: unknown keys are errors
+// (missingkey=error) so a typo fails the attempt instead of rendering
+// "<no value>". service resolves through env.
+func parseTemplate(name, text string, env *Env) (*template.Template, error) {
+	t, err := template.New(name).Option("missingkey=error").Funcs(templateFuncs(env)).Parse(text)
+	if err != nil {
+		return nil, fmt.Errorf("template %s: %w", name, err)
+	}
+	return t, nil
+}
+
+// render executes t over data.
+func render(t *template.Template, data any) (string, error) {
+	var b strings.Builder
+	if err := t.Execute(&b, data); err != nil {
+		return "", fmt.Errorf("render %s: %w", t.Name(), err)
+	}
+	return b.String(), nil
+}
+
+func (e *Env) providerURL(provider string) string {
+	if e == nil {
+		return ""
+	}
+	return e.ProviderURLs[provider]
+}

@@ -1,0 +1,437 @@
+package steps
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/waymark-dev/waymark/internal/failpoint"
+	"github.com/waymark-dev/waymark/kv"
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// Defaults for WorkerConfig.
+const (
+	DefaultConcurrency  = 64
+	DefaultFetchWait    = 5 * time.Second
+	resultPublishTries  = 6
+	resultPublishTimout = 10 * time.Second
+)
+
+// WorkerConfig configures a Worker. Zero fields take the defaults stated.
+type WorkerConfig struct {
+	// Store is the opened JetStream layout. Required.
+	Store *kv.Store
+	// Registry holds the kinds this worker performs; nil means Builtins().
+	Registry *Registry
+	// Env gives kinds services, API keys and the model mode; nil means the
+	// zero Env.
+	Env *Env
+	// Pool is the worker pool to serve. Default "default".
+	Pool string
+	// Concurrency caps steps run at once. Default 64. Model and HTTP steps
+	// mostly wait on the network, so this can be far above the CPU count.
+	Concurrency int
+	// ID names the worker in results and logs. Default host-pid.
+	ID string
+	// Heartbeat is how often a running step extends its lease with an
+	// InProgress acknowledgement. Default a third of the work ack wait.
+	Heartbeat time.Duration
+	// FetchWait bounds one pull request. Default 5s.
+	FetchWait time.Duration
+	// Logger receives the worker's log; nil means slog.Default().
+	Logger *slog.Logger
+	// Failpoints injects faults at named points; nil injects nothing.
+	Failpoints *failpoint.Set
+}
+
+// Worker pulls step messages of one pool and runs them. Any number of
+// workers may serve a pool; each message goes to one of them at a time.
+type Worker struct {
+	cfg      WorkerConfig
+	store    *kv.Store
+	log      *slog.Logger
+	prepared *lru.Cache[string, *preparedStep]
+	mu       sync.Mutex // serialises preparation
+	ctr      workerCounters
+}
+
+type preparedStep struct {
+	step   *schemas.Step
+	def    *schemas.Definition
+	runner Runner
+	input  *schemas.Validator
+	output *schemas.Validator
+	err    error // preparation failed: every attempt fails with it
+}
+
+// NewWorker returns a Worker. Errors name the bad field.
+func NewWorker(cfg WorkerConfig) (*Worker, error) {
+	if cfg.Store == nil {
+		return nil, fmt.Errorf("worker config: Store is required")
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = Builtins()
+	}
+	if cfg.Env == nil {
+		cfg.Env = &Env{}
+	}
+	if cfg.Pool == "" {
+		cfg.Pool = schemas.DefaultPool
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = DefaultConcurrency
+	}
+	if cfg.Concurrency < 1 || cfg.Concurrency > 100000 {
+		return nil, fmt.Errorf("worker config: Concurrency %d: want 1..100000", cfg.Concurrency)
+	}
+	if cfg.ID == "" {
+		host, _ := os.Hostname()
+		cfg.ID = host + "-" + strconv.Itoa(os.Getpid())
+	}
+	if cfg.Heartbeat == 0 {
+		cfg.Heartbeat = cfg.Store.Config.WorkAckWait / 3
+	}
+	if cfg.Heartbeat <= 0 || cfg.Heartbeat >= cfg.Store.Config.WorkAckWait {
+		return nil, fmt.Errorf("worker config: Heartbeat %v: want above 0 and below the work ack wait %v", cfg.Heartbeat, cfg.Store.Config.WorkAckWait)
+	}
+	if cfg.FetchWait == 0 {
+		cfg.FetchWait = DefaultFetchWait
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	cache, _ := lru.New[string, *preparedStep](1024)
+	return &Worker{cfg: cfg, store: cfg.Store, prepared: cache,
+		log: cfg.Logger.With("component", "worker", "pool", cfg.Pool, "worker", cfg.ID)}, nil
+}
+
+// Run serves the pool until ctx ends, then waits for the steps in hand:
+// their results are not published (the ctx that bounds them has ended) and
+// their messages go back for redelivery. It returns nil after a clean
+// stop. Errors: the pool's consumer could not be created.
+func (w *Worker) Run(ctx context.Context) error {
+	cons, err := w.store.EnsureWorkConsumer(ctx, w.cfg.Pool)
+	if err != nil {
+		return err
+	}
+	slots := make(chan struct{}, w.cfg.Concurrency)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for ctx.Err() == nil {
+		// Pull only as many messages as there are free slots, so no message
+		// waits in a local buffer while its lease runs out.
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+		n := 1
+	reserve:
+		for n < w.cfg.Concurrency {
+			select {
+			case slots <- struct{}{}:
+				n++
+			default:
+				break reserve
+			}
+		}
+		fctx, cancel := context.WithTimeout(ctx, w.cfg.FetchWait)
+		batch, err := cons.Fetch(n, jetstream.FetchContext(fctx))
+		got := 0
+		if err == nil {
+			for m := range batch.Messages() {
+				got++
+				wg.Add(1)
+				go func() {
+					defer func() { <-slots; wg.Done() }()
+					w.handle(ctx, m)
+				}()
+			}
+			err = batch.Error()
+		}
+		cancel()
+		for i := got; i < n; i++ {
+			<-slots
+		}
+		if err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, nats.ErrTimeout) {
+			w.log.Warn("fetch step messages", "err", err)
+			select {
+			case <-time.After(500 * time.Millisecond):
+			case <-ctx.Done():
+			}
+		}
+	}
+	return nil
+}
+
+// handle runs one delivery of a step message to the end: a result
+// published and the message acknowledged, or the message handed back.
+func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
+	var delivered uint64 = 1
+	if md, err := m.Metadata(); err == nil {
+		delivered = md.NumDelivered
+	}
+	var sm schemas.StepMessage
+	if err := json.Unmarshal(m.Data(), &sm); err != nil || sm.Job == "" || sm.Step == "" || sm.Attempt < 1 {
+		w.log.Error("dropping malformed step message", "subject", m.Subject(), "err", err)
+		_ = m.TermWithReason(fmt.Sprintf("malformed step message: %v", err))
+		return
+	}
+	log := w.log.With("job", sm.Job, "step", sm.Step, "attempt", sm.Attempt)
+	w.cfg.Failpoints.Inject(ctx, failpoint.WorkerAfterReceive)
+	if sm.NotBefore != nil {
+		if wait := time.Until(*sm.NotBefore); wait > 0 {
+			w.ctr.held.Add(1)
+			_ = m.NakWithDelay(wait)
+			return
+		}
+	}
+	redelivered := delivered > 1
+	if sm.NotBefore != nil {
+		redelivered = delivered > 2 // one delivery was held back for the retry delay
+	}
+	if redelivered {
+		w.ctr.redeliveries.Add(1)
+	}
+	w.ctr.started.Add(1)
+	ps, err := w.prepare(ctx, sm.DefinitionHash, sm.Step)
+	if err != nil {
+		// The definition could not be read: transient, try again soon.
+		log.Warn("cannot load definition; retrying", "err", err)
+		_ = m.NakWithDelay(time.Second)
+		return
+	}
+	res := w.run(ctx, m, ps, &sm, log)
+	if ctx.Err() != nil {
+		_ = m.Nak() // shutting down: the attempt's outcome is not trustworthy
+		return
+	}
+	res.Redelivered = redelivered
+	res.Worker = w.cfg.ID
+	if err := w.publishResult(ctx, res); err != nil {
+		log.Error("result not published; the step will run again on redelivery", "err", err)
+		_ = m.NakWithDelay(time.Second)
+		return
+	}
+	w.cfg.Failpoints.Inject(ctx, failpoint.WorkerAfterResultPublish)
+	_ = m.Ack()
+}
+
+// run performs the attempt and returns its result, with the lease
+// extended by heartbeats while the kind runs.
+func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm *schemas.StepMessage, log *slog.Logger) *schemas.StepResult {
+	res := &schemas.StepResult{Job: sm.Job, Step: sm.Step, Attempt: sm.Attempt}
+	fail := func(e *schemas.Error) *schemas.StepResult {
+		w.ctr.failed.Add(1)
+		res.Error = e
+		res.Output = nil
+		log.Info("step attempt failed", "code", e.Code, "retryable", e.Retryable, "err", e.Message)
+		return res
+	}
+	if ps.err != nil {
+		return fail(&schemas.Error{Code: schemas.CodeDefinitionInvalid, Message: ps.err.Error()})
+	}
+	call := &Call{
+		Job: sm.Job, Step: ps.step, Definition: ps.def, Attempt: sm.Attempt, RunAttempt: sm.RunAttempt,
+		State: sm.State, Vars: sm.Vars, IdempotencyKey: sm.IdempotencyKey, Log: log, Env: w.cfg.Env,
+	}
+	if ps.input != nil {
+		if err := ps.input.ValidateJSON(sm.State); err != nil {
+			return fail(&schemas.Error{Code: schemas.CodeInputInvalid, Message: "state does not match the step's input_schema: " + err.Error()})
+		}
+	}
+	timeout := ps.def.TimeoutOf(ps.step)
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	stop := w.heartbeat(m)
+	start := time.Now()
+	out, err := safeRun(rctx, ps.runner, call)
+	stop()
+	res.DurationMs = time.Since(start).Milliseconds()
+	if err != nil {
+		e := toError(err)
+		if rctx.Err() == context.DeadlineExceeded && ctx.Err() == nil {
+			e = &schemas.Error{Code: schemas.CodeTimeout, Retryable: true, Message: fmt.Sprintf("step ran past its timeout of %v: %s", timeout, e.Message)}
+		}
+		return fail(e)
+	}
+	raw, err := encodeOutput(out)
+	if err != nil {
+		return fail(&schemas.Error{Code: schemas.CodeOutputInvalid, Message: err.Error()})
+	}
+	if limit := int(w.store.Config.MaxMessageBytes) - 4096; len(raw) > limit {
+		return fail(&schemas.Error{Code: schemas.CodeTooLarge, Message: fmt.Sprintf("output is %d bytes; the limit is %d", len(raw), limit)})
+	}
+	if ps.output != nil {
+		if err := ps.output.ValidateJSON(raw); err != nil {
+			return fail(&schemas.Error{Code: schemas.CodeOutputInvalid, Retryable: true, Message: "output does not match the step's output_schema: " + err.Error()})
+		}
+	}
+	w.ctr.succeeded.Add(1)
+	res.Output = raw
+	return res
+}
+
+// safeRun calls the runner, turning a panic in step code into a
+// non-retryable error instead of a dead worker.
+func safeRun(ctx context.Context, r Runner, c *Call) (out any, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			buf := make([]byte, 4096)
+			buf = buf[:runtime.Stack(buf, false)]
+			err = NonRetryable(fmt.Errorf("step panicked: %v\n%s", p, buf))
+		}
+	}()
+	return r.Run(ctx, c)
+}
+
+func encodeOutput(out any) (json.RawMessage, error) {
+	switch v := out.(type) {
+	case nil:
+		return json.RawMessage("null"), nil
+	case json.RawMessage:
+		if !json.Valid(v) {
+			return nil, fmt.Errorf("output is not valid JSON")
+		}
+		return v, nil
+	case []byte:
+		if !json.Valid(v) {
+			return nil, fmt.Errorf("output is not valid JSON")
+		}
+		return json.RawMessage(v), nil
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return nil, fmt.Errorf("encode output: %w", err)
+	}
+	return b, nil
+}
+
+// heartbeat extends m's lease every Heartbeat until the returned stop is
+// called.
+func (w *Worker) heartbeat(m jetstream.Msg) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(w.cfg.Heartbeat)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if err := m.InProgress(); err == nil {
+					w.ctr.heartbeats.Add(1)
+				}
+			}
+		}
+	}()
+	return func() { close(done); wg.Wait() }
+}
+
+// publishResult sends res to the engine's inbox, trying again on errors:
+// the dedup id makes a repeat harmless.
+func (w *Worker) publishResult(ctx context.Context, res *schemas.StepResult) error {
+	data, err := json.Marshal(res)
+	if err != nil {
+		return fmt.Errorf("encode result: %w", err)
+	}
+	m := nats.NewMsg(w.store.Names.InboxSubject(kv.InboxResult, res.Job))
+	m.Data = data
+	m.Header.Set(jetstream.MsgIDHeader, schemas.ResultMsgID(res.Job, res.Step, res.Attempt))
+	delay := 100 * time.Millisecond
+	for try := 1; ; try++ {
+		pctx, cancel := context.WithTimeout(ctx, resultPublishTimout)
+		_, err = w.store.JS.PublishMsg(pctx, m)
+		cancel()
+		if err == nil {
+			w.ctr.published.Add(1)
+			return nil
+		}
+		if try == resultPublishTries || ctx.Err() != nil {
+			return fmt.Errorf("publish result %s: %w", schemas.ResultMsgID(res.Job, res.Step, res.Attempt), err)
+		}
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+		}
+		delay *= 2
+	}
+}
+
+// prepare returns the prepared step, preparing it once per definition.
+func (w *Worker) prepare(ctx context.Context, hash, stepID string) (*preparedStep, error) {
+	key := hash + "/" + stepID
+	if ps, ok := w.prepared.Get(key); ok {
+		return ps, nil
+	}
+	def, err := w.store.Definitions.Get(ctx, hash)
+	if err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if ps, ok := w.prepared.Get(key); ok {
+		return ps, nil
+	}
+	ps := &preparedStep{def: def}
+	idx := def.StepIndex(stepID)
+	if idx < 0 {
+		ps.err = fmt.Errorf("definition %s has no step %q", hash, stepID)
+		w.prepared.Add(key, ps)
+		return ps, nil
+	}
+	ps.step = &def.Steps[idx]
+	kind, ok := w.cfg.Registry.Lookup(ps.step.Kind)
+	switch {
+	case !ok:
+		ps.err = fmt.Errorf("this worker has no step kind %q (it has: %v)", ps.step.Kind, w.cfg.Registry.Names())
+	default:
+		ps.runner, ps.err = kind.Prepare(&Prep{Definition: def, Step: ps.step, Index: idx, Env: w.cfg.Env})
+	}
+	if ps.err == nil {
+		ps.input, ps.err = schemas.CompileSchema(stepID+".input_schema", ps.step.InputSchema)
+	}
+	if ps.err == nil {
+		ps.output, ps.err = schemas.CompileSchema(stepID+".output_schema", ps.step.OutputSchema)
+	}
+	w.prepared.Add(key, ps)
+	return ps, nil
+}
+
+// WorkerStats are a worker's counters since it started.
+type WorkerStats struct {
+	Started      uint64 `json:"steps_started"`
+	Succeeded    uint64 `json:"steps_succeeded"`
+	Failed       uint64 `json:"steps_failed"`
+	Redeliveries uint64 `json:"redeliveries"` // deliveries after a worker died or stalled
+	Held         uint64 `json:"held_for_retry_delay"`
+	Published    uint64 `json:"results_published"`
+	Heartbeats   uint64 `json:"heartbeats"`
+}
+
+type workerCounters struct {
+	started, succeeded, failed, redeliveries, held, published, heartbeats atomic.Uint64
+}
+
+// Stats returns a snapshot of the worker's counters. Safe for concurrent use.
+func (w *Worker) Stats() WorkerStats {
+	c := &w.ctr
+	return WorkerStats{Started: c.started.Load(), Succeeded: c.succeeded.Load(), Failed: c.failed.Load(),
+		Redeliveries: c.redeliveries.Load(), Held: c.held.Load(), Published: c.published.Load(), Heartbeats: c.heartbeats.Load()}
+}
