@@ -267,20 +267,18 @@ func (c *Client) follow(ctx context.Context, id string, fn func(HistoryEvent, ui
 			return nil
 		}
 	}
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("follow history of %s: %w", id, err)
+	}
+	defer it.Stop()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
 	seen := map[string]bool{}
 	for {
-		m, err := cons.Next(jetstream.FetchMaxWait(time.Second))
-		if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, nats.ErrTimeout) {
-			if stopAtEnd {
-				return nil
-			}
-			if ctx.Err() != nil {
-				return nil
-			}
-			continue
-		}
+		m, err := it.Next()
 		if err != nil {
-			if ctx.Err() != nil {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 				return nil
 			}
 			return fmt.Errorf("follow history of %s: %w", id, err)
@@ -294,7 +292,10 @@ func (c *Client) follow(ctx context.Context, id string, fn func(HistoryEvent, ui
 		if md, err := m.Metadata(); err == nil {
 			pending = md.NumPending
 		}
-		if !fn(h, pending) || ctx.Err() != nil {
+		if !fn(h, pending) {
+			return nil
+		}
+		if stopAtEnd && pending == 0 {
 			return nil
 		}
 	}

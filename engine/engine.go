@@ -348,6 +348,13 @@ func (e *Engine) decide(ctx context.Context, p *plan) (redo bool) {
 				}
 				cp, evs, changed, cause = c, startEvs, true, it.msgID
 				p.tally.started++
+				if it.delivered > 1 {
+					cp.ResumeCount++
+					p.tally.resumes++
+					evs = append(evs, event{typ: schemas.EventJobResumed, data: schemas.HistoryData{
+						Job: cp.JobID, Reason: "the start request was delivered again: an engine died or stalled before creating the job",
+					}})
+				}
 				continue
 			}
 			if !p.fresh {
@@ -363,7 +370,14 @@ func (e *Engine) decide(ctx context.Context, p *plan) (redo bool) {
 				e.log.Warn("dropping result for unknown job", "job", it.job, "step", it.result.Step, "attempt", it.result.Attempt)
 				continue
 			}
-			out, resEvs := applyResult(p.def, cp, it.result, now)
+			recovered := ""
+			switch {
+			case it.result.Redelivered:
+				recovered = "the step message was delivered again: a worker died or stalled past its lease"
+			case it.delivered > 1:
+				recovered = "the result was delivered again: an engine died or stalled before applying it"
+			}
+			out, resEvs := applyResult(p.def, cp, it.result, recovered, now)
 			if out == outcomeStale {
 				if !p.fresh && !changed {
 					return true
@@ -377,7 +391,7 @@ func (e *Engine) decide(ctx context.Context, p *plan) (redo bool) {
 				continue
 			}
 			p.tally.applied++
-			if it.result.Redelivered {
+			if recovered != "" {
 				p.tally.resumes++
 			}
 			evs = append(evs, resEvs...)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -97,11 +98,40 @@ func (g *globals) connect(name string) (*nats.Conn, error) {
 	return nc, nil
 }
 
+// kvEnv lists the environment variables that tune the JetStream layout.
+// Every process of a deployment must see the same values.
+var kvEnv = []struct {
+	name string
+	set  func(*kv.Config, string) error
+}{
+	{"WAYMARK_DUPLICATES", func(c *kv.Config, v string) (err error) { c.Duplicates, err = time.ParseDuration(v); return }},
+	{"WAYMARK_INBOX_ACK_WAIT", func(c *kv.Config, v string) (err error) { c.InboxAckWait, err = time.ParseDuration(v); return }},
+	{"WAYMARK_WORK_ACK_WAIT", func(c *kv.Config, v string) (err error) { c.WorkAckWait, err = time.ParseDuration(v); return }},
+	{"WAYMARK_WORK_MAX_DELIVER", func(c *kv.Config, v string) (err error) { c.WorkMaxDeliver, err = strconv.Atoi(v); return }},
+	{"WAYMARK_REPLICAS", func(c *kv.Config, v string) (err error) { c.Replicas, err = strconv.Atoi(v); return }},
+	{"WAYMARK_HISTORY_MAX_AGE", func(c *kv.Config, v string) (err error) { c.HistoryMaxAge, err = time.ParseDuration(v); return }},
+}
+
+// kvConfigFromEnv applies the WAYMARK_* layout variables to cfg.
+func kvConfigFromEnv(cfg kv.Config) (kv.Config, error) {
+	for _, e := range kvEnv {
+		if v := os.Getenv(e.name); v != "" {
+			if err := e.set(&cfg, v); err != nil {
+				return cfg, fmt.Errorf("%s=%q: %w", e.name, v, err)
+			}
+		}
+	}
+	return cfg, nil
+}
+
 // openStore opens the Waymark layout over nc.
 func (g *globals) openStore(ctx context.Context, nc *nats.Conn, cfg kv.Config, log *slog.Logger) (*kv.Store, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	if cfg, err = kvConfigFromEnv(cfg); err != nil {
+		return nil, &ExitError{Code: 2, Err: err}
 	}
 	cfg.Prefix = g.prefix
 	octx, cancel := context.WithTimeout(ctx, 30*time.Second)

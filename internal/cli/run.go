@@ -101,10 +101,16 @@ type stack struct {
 	store    *kv.Store
 	engine   *engine.Engine
 	workers  []*steps.Worker
-	services []*demo.Running
+	services []runningService
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 	errs     chan error
+}
+
+// runningService is a bundled demo service this process started.
+type runningService struct {
+	Name, Dir, URL string
+	r              *demo.Running
 }
 
 // stackOptions say what to bring up.
@@ -141,11 +147,12 @@ func (g *globals) startStack(ctx context.Context, emb *embeddedFlags, o stackOpt
 		return fail(err)
 	}
 	for _, name := range o.demoNames {
-		r, err := demo.Start(ctx, name, demo.Options{Dir: filepath.Join(o.demoDir, name)})
+		dir := filepath.Join(o.demoDir, name)
+		r, err := demo.Start(context.WithoutCancel(ctx), name, demo.Options{Dir: dir})
 		if err != nil {
 			return fail(fmt.Errorf("start bundled %s service: %w", name, err))
 		}
-		s.services = append(s.services, r)
+		s.services = append(s.services, runningService{Name: name, Dir: dir, URL: r.URL, r: r})
 		if o.env.Services == nil {
 			o.env.Services = map[string]string{}
 		}
@@ -190,7 +197,7 @@ func (s *stack) stop() {
 	}
 	s.wg.Wait()
 	for _, r := range s.services {
-		_ = r.Close()
+		_ = r.r.Close()
 	}
 	if s.nc != nil {
 		_ = s.nc.Drain()
@@ -202,7 +209,7 @@ func (s *stack) stop() {
 	}
 }
 
-var serviceRefRE = regexp.MustCompile(`service\s+"([A-Za-z0-9_-]+)"`)
+var serviceRefRE = regexp.MustCompile(`service\s+\\?"([A-Za-z0-9_-]+)\\?"`)
 
 // bundledServices returns the bundled demo services def refers to that
 // env does not already map.
