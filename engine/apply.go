@@ -130,10 +130,8 @@ func dispatch(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, not
 
 // applyResult applies a step result to cp (a private copy) and returns the
 // events written. A result that does not match cp.Current exactly (step and
-// attempt) is stale (DESIGN.md invariant 3): cp is left unchanged. A
-// non-empty recovered says why this result comes by way of a recovery (a
-// process died or stalled); the job's resume count goes up.
-func applyResult(c *compiled, cp *schemas.Checkpoint, res *schemas.StepResult, recovered string, now time.Time) (outcome, []event) {
+// attempt) is stale (DESIGN.md invariant 3): cp is left unchanged.
+func applyResult(c *compiled, cp *schemas.Checkpoint, res *schemas.StepResult, now time.Time) (outcome, []event) {
 	cur := cp.Current
 	if cp.Status.Terminal() || cur == nil || cur.Step != res.Step || cur.Attempt != res.Attempt {
 		return outcomeStale, nil
@@ -146,12 +144,6 @@ func applyResult(c *compiled, cp *schemas.Checkpoint, res *schemas.StepResult, r
 	rec := cp.Steps[res.Step]
 	rec.DurationMs = res.DurationMs
 	var evs []event
-	if recovered != "" {
-		cp.ResumeCount++
-		evs = append(evs, event{typ: schemas.EventJobResumed, data: schemas.HistoryData{
-			Job: cp.JobID, Step: res.Step, Attempt: res.Attempt, Reason: recovered,
-		}})
-	}
 
 	stepErr := res.Error
 	var newState json.RawMessage

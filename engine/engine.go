@@ -13,6 +13,7 @@ import (
 	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 
 	"github.com/waymark-dev/waymark/internal/failpoint"
 	"github.com/waymark-dev/waymark/kv"
@@ -32,6 +33,9 @@ type Engine struct {
 	cache    *lru.Cache[string, *cached]
 	ctr      counters
 	fp       *failpoint.Set
+	// incarnation names this engine process's life, so that it counts one
+	// resume per job however many of the job's messages a crash left.
+	incarnation string
 
 	// beforeWrite, when set (tests), runs after a transition is decided
 	// and before its checkpoint write is sent.
@@ -63,6 +67,8 @@ func New(cfg Config) (*Engine, error) {
 		compiled: newCompiledCache(256),
 		cache:    cache,
 		fp:       cfg.Failpoints,
+
+		incarnation: nuid.Next(),
 	}, nil
 }
 
@@ -161,6 +167,10 @@ type inboxItem struct {
 	start     *schemas.StartRequest
 	result    *schemas.StepResult
 	done      bool // settled (acked, naked or termed)
+	// handBack: another live handler applied this message concurrently;
+	// give it back (delayed) instead of acknowledging, so that if that
+	// handler dies before publishing, the message returns.
+	handBack bool
 }
 
 // plan is what a batch does to one job.
@@ -176,6 +186,9 @@ type plan struct {
 	dispatch bool
 	err      error
 	tally    tally // counted once the plan is settled
+	// conflicted: this plan lost a compare-and-swap in this batch, so
+	// another handler was alive and applying the same messages moments ago.
+	conflicted bool
 }
 
 // tally is what deciding a plan found, counted only when it is settled so
@@ -328,8 +341,24 @@ func (e *Engine) decide(ctx context.Context, p *plan) (redo bool) {
 	var evs []event
 	changed, republish := false, false
 	cause := ""
+	// A redelivered inbox message means its first handler died or stalled
+	// past the ack wait; a redelivered step message, the same of a worker.
+	// Either makes this transition a recovery: one resume per plan.
+	recovered, workerRecovered := "", false
 	for _, it := range p.items {
 		if it.done {
+			continue
+		}
+		if it.delivered > 1 && recovered == "" {
+			recovered = "an inbox message was delivered again: an engine died or stalled before finishing it"
+		}
+		// The message that produced the checkpoint, seen again: its first
+		// handler died (or stalled) after writing, maybe before publishing.
+		// The delivery count cannot tell, since a server that crashed too
+		// may have forgotten the first delivery; the dedup id can.
+		isCause := cp != nil && it.msgID == cp.Cause && !cp.Status.Terminal()
+		if isCause && p.conflicted {
+			it.handBack = true
 			continue
 		}
 		switch {
@@ -348,19 +377,12 @@ func (e *Engine) decide(ctx context.Context, p *plan) (redo bool) {
 				}
 				cp, evs, changed, cause = c, startEvs, true, it.msgID
 				p.tally.started++
-				if it.delivered > 1 {
-					cp.ResumeCount++
-					p.tally.resumes++
-					evs = append(evs, event{typ: schemas.EventJobResumed, data: schemas.HistoryData{
-						Job: cp.JobID, Reason: "the start request was delivered again: an engine died or stalled before creating the job",
-					}})
-				}
 				continue
 			}
 			if !p.fresh {
 				return true
 			}
-			if it.delivered > 1 && it.msgID == cp.Cause && !cp.Status.Terminal() {
+			if isCause {
 				republish = true
 			}
 		case it.result != nil:
@@ -370,19 +392,12 @@ func (e *Engine) decide(ctx context.Context, p *plan) (redo bool) {
 				e.log.Warn("dropping result for unknown job", "job", it.job, "step", it.result.Step, "attempt", it.result.Attempt)
 				continue
 			}
-			recovered := ""
-			switch {
-			case it.result.Redelivered:
-				recovered = "the step message was delivered again: a worker died or stalled past its lease"
-			case it.delivered > 1:
-				recovered = "the result was delivered again: an engine died or stalled before applying it"
-			}
-			out, resEvs := applyResult(p.def, cp, it.result, recovered, now)
+			out, resEvs := applyResult(p.def, cp, it.result, now)
 			if out == outcomeStale {
 				if !p.fresh && !changed {
 					return true
 				}
-				if it.delivered > 1 && it.msgID == cp.Cause && !cp.Status.Terminal() {
+				if isCause {
 					republish = true
 					continue
 				}
@@ -390,26 +405,36 @@ func (e *Engine) decide(ctx context.Context, p *plan) (redo bool) {
 				e.log.Debug("dropping stale result", "job", it.job, "step", it.result.Step, "attempt", it.result.Attempt)
 				continue
 			}
-			p.tally.applied++
-			if recovered != "" {
-				p.tally.resumes++
+			if it.result.Redelivered {
+				recovered = "the step message was delivered again: a worker died or stalled past its lease"
+				workerRecovered = true
 			}
+			p.tally.applied++
 			evs = append(evs, resEvs...)
 			changed, cause = true, it.msgID
 		}
 	}
 	if republish && !changed {
-		// The message that produced this checkpoint came back: its handler
-		// died (or stalled past its ack wait) after writing. Record the
-		// resume and publish its dispatch and events again, same ids.
-		cp.ResumeCount++
-		p.tally.resumes++
+		// Publish the dispatch and events of the checkpoint again, same ids.
 		p.tally.republished++
-		evs = append(evs, event{typ: schemas.EventJobResumed, data: schemas.HistoryData{
-			Job: cp.JobID, Reason: "the inbox message that produced the last checkpoint was delivered again: an engine died or stalled before finishing it",
-		}})
 		carried = cp.Outbox
 		changed, cause = true, cp.Cause
+		if recovered == "" {
+			recovered = "the inbox message that produced the last checkpoint came again: an engine died or stalled before finishing it"
+		}
+	}
+	// One crash can leave several of a job's messages to be delivered
+	// again; the engine that picks them up counts one resume for them all.
+	if recovered != "" && cp != nil && (workerRecovered || cp.ResumedBy != e.incarnation) {
+		cp.ResumeCount++
+		if !workerRecovered {
+			cp.ResumedBy = e.incarnation
+		}
+		p.tally.resumes++
+		evs = append([]event{{typ: schemas.EventJobResumed, data: schemas.HistoryData{Job: cp.JobID, Reason: recovered}}}, evs...)
+		if !changed {
+			changed, cause = true, cp.Cause
+		}
 	}
 	if !changed {
 		return false
@@ -487,6 +512,7 @@ func (e *Engine) write(ctx context.Context, ps []*plan) (conflicts []*plan) {
 			e.ctr.conflicts.Add(1)
 			e.cache.Remove(f.p.job)
 			e.log.Debug("checkpoint conflict; deciding again", "job", f.p.job)
+			f.p.conflicted = true
 			conflicts = append(conflicts, f.p)
 		case err != nil:
 			e.cache.Remove(f.p.job) // outcome unknown: read before deciding again
@@ -639,6 +665,10 @@ func (e *Engine) settle(ps []*plan) {
 		}
 		for _, it := range p.items {
 			if it.done {
+				continue
+			}
+			if it.handBack && p.err == nil {
+				_ = it.msg.NakWithDelay(2 * e.store.Config.InboxAckWait)
 				continue
 			}
 			if p.err != nil {

@@ -456,8 +456,8 @@ func TestTwoEnginesApplyingOneResultAdvanceTheJobOnce(t *testing.T) {
 	if got := s1.CASConflicts + s2.CASConflicts; got != 1 {
 		t.Errorf("CAS conflicts = %d, want 1", got)
 	}
-	if got := s1.StaleDropped + s2.StaleDropped; got != 1 {
-		t.Errorf("stale drops = %d, want 1 (the loser re-read and found the result applied)", got)
+	if got := s1.Resumes + s2.Resumes + s1.Republished + s2.Republished; got != 0 {
+		t.Errorf("resumes+republished = %d, want 0: the loser must not mistake a live rival for a crash", got)
 	}
 	after, _ := b.store.Checkpoints.Get(ctx, id)
 	if after.Checkpoint.Seq != ent.Checkpoint.Seq+1 {

@@ -98,7 +98,7 @@ func (e *Engine) loseAttempt(ctx context.Context, ent kv.Entry, now time.Time) e
 		Code: schemas.CodeTimeout, Retryable: true,
 		Message: fmt.Sprintf("no result %v after dispatch: the attempt is declared lost", waited),
 	}}
-	if _, evs := applyResult(p.def, next, res, "", now); len(evs) > 0 {
+	if _, evs := applyResult(p.def, next, res, now); len(evs) > 0 {
 		next.Seq = cp.Seq + 1
 		next.UpdatedAt = now
 		next.Cause = "reconcile/" + cur.MsgID

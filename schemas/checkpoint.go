@@ -69,8 +69,11 @@ type Checkpoint struct {
 	// published them drops them.
 	Outbox []json.RawMessage `json:"outbox,omitempty"`
 
-	ResumeCount int    `json:"resume_count"`
-	Error       *Error `json:"error,omitempty"`
+	ResumeCount int `json:"resume_count"`
+	// ResumedBy names the engine incarnation that recorded the last resume
+	// caused by redelivered inbox messages.
+	ResumedBy string `json:"resumed_by,omitempty"`
+	Error     *Error `json:"error,omitempty"`
 
 	Parent      string     `json:"parent,omitempty"` // forked from this job
 	CreatedAt   time.Time  `json:"created_at"`

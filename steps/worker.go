@@ -227,6 +227,17 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 		return
 	}
 	w.cfg.Failpoints.Inject(ctx, failpoint.WorkerAfterResultPublish)
+	if ps.step != nil && ps.def.EffectOf(ps.step) != schemas.EffectPure {
+		// Wait for the server to confirm the acknowledgement: a lost one
+		// would deliver the step again, and the effect would be attempted
+		// again (safely, by its idempotency key, but needlessly).
+		actx, cancel := context.WithTimeout(ctx, resultPublishTimout)
+		defer cancel()
+		if err := m.DoubleAck(actx); err != nil {
+			log.Warn("acknowledgement not confirmed; the step may be delivered again", "err", err)
+		}
+		return
+	}
 	_ = m.Ack()
 }
 
