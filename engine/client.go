@@ -118,9 +118,13 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 	m := nats.NewMsg(c.store.Names.InboxSubject(kv.InboxStart, id))
 	m.Data = data
 	m.Header.Set(jetstream.MsgIDHeader, schemas.StartMsgID(id))
-	if _, err := c.store.JS.PublishMsg(ctx, m); err != nil {
+	ack, err := c.store.JS.PublishMsg(ctx, m)
+	if err != nil {
 		return StartResult{}, fmt.Errorf("start job %s: publish start request: %w", id, err)
 	}
+	// A duplicate ack means a start for this id is already queued: this
+	// call attaches to it (the first request's input wins).
+	res.Attached = ack.Duplicate
 	return res, nil
 }
 

@@ -1,0 +1,98 @@
+package engine
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/waymark-dev/waymark/internal/testsupport"
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+func TestHTTPAPI(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	b.worker(echo)
+	srv := httptest.NewServer((&API{Client: b.client, Checks: []schemas.CheckFunc{Check}}).Handler())
+	t.Cleanup(srv.Close)
+	do := func(method, path, body string) (int, map[string]any) {
+		t.Helper()
+		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		var m map[string]any
+		if err := json.Unmarshal(raw, &m); err != nil {
+			t.Fatalf("%s %s: not JSON: %s", method, path, raw)
+		}
+		return resp.StatusCode, m
+	}
+
+	code, m := do("POST", "/v1/workflows", threeSteps)
+	if code != http.StatusCreated || m["name"] != "three" || len(m["hash"].(string)) != 64 {
+		t.Fatalf("store workflow: %d %v", code, m)
+	}
+	code, m = do("POST", "/v1/workflows", "name: x\nversion: 1\nsteps:\n  - id: a\n    kind: noop\n    next: [{to: b}]\n")
+	if code != http.StatusBadRequest || !strings.Contains(toJSON(m), `"line": 6`) || !strings.Contains(toJSON(m), `steps[0].next[0].to`) &&
+		!strings.Contains(toJSON(m), `/steps/0/next/0/to`) {
+		t.Errorf("bad workflow: %d %s", code, toJSON(m))
+	}
+
+	code, m = do("POST", "/v1/jobs", `{"workflow": "three", "input": {"n": 2}, "job_id": "api-1"}`)
+	if code != http.StatusCreated || m["job_id"] != "api-1" {
+		t.Fatalf("start: %d %v", code, m)
+	}
+	code, m = do("POST", "/v1/jobs", `{"workflow": "three", "input": {"n": 2}, "job_id": "api-1"}`)
+	if code != http.StatusOK || m["attached"] != true {
+		t.Errorf("start again: %d %v, want 200 attached", code, m)
+	}
+	testsupport.Eventually(t, 20*time.Second, func() bool {
+		_, m = do("GET", "/v1/jobs/api-1", "")
+		return m["status"] == string(schemas.JobCompleted)
+	}, "job never completed: %v", m)
+	if steps := m["steps"].([]any); len(steps) != 4 {
+		t.Errorf("steps = %v", steps)
+	}
+
+	for _, tc := range []struct {
+		method, path, body string
+		want               int
+		code               string
+	}{
+		{"POST", "/v1/jobs", `{"workflow": "three", "input": {"n": "x"}}`, 400, "input_invalid"},
+		{"POST", "/v1/jobs", `{"workflow": "nope", "input": {}}`, 404, "not_found"},
+		{"POST", "/v1/jobs", `{"input": {}}`, 400, "input_invalid"},
+		{"POST", "/v1/jobs", `{"workflow": "three", "input": {"n": 1}, "job_id": "bad id"}`, 400, "input_invalid"},
+		{"POST", "/v1/jobs", `{"workflow": "three", "unknown": 1}`, 400, "input_invalid"},
+		{"GET", "/v1/jobs/absent", "", 404, "not_found"},
+		{"GET", "/v1/jobs/absent/history", "", 404, "not_found"},
+		{"GET", "/v1/jobs?limit=0", "", 400, "input_invalid"},
+	} {
+		code, m := do(tc.method, tc.path, tc.body)
+		e, _ := m["error"].(map[string]any)
+		if code != tc.want || e["code"] != tc.code || e["message"] == "" {
+			t.Errorf("%s %s %s: %d %v, want %d %s", tc.method, tc.path, tc.body, code, m, tc.want, tc.code)
+		}
+	}
+
+	code, m = do("GET", "/v1/jobs?status=completed", "")
+	if jobs := m["jobs"].([]any); code != 200 || len(jobs) != 1 {
+		t.Errorf("list: %d %v", code, m)
+	}
+	code, m = do("GET", "/v1/jobs/api-1/history", "")
+	if evs := m["events"].([]any); code != 200 || len(evs) < 8 {
+		t.Errorf("history: %d %d events", code, len(evs))
+	}
+}
+
+func toJSON(v any) string {
+	b, _ := json.MarshalIndent(v, "", "  ")
+	return string(b)
+}
