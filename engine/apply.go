@@ -39,6 +39,11 @@ func checkInput(c *compiled, input json.RawMessage) (json.RawMessage, error) {
 	if len(bytes.TrimSpace(input)) == 0 {
 		input = json.RawMessage("{}")
 	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, input); err != nil {
+		return nil, schemas.Errorf(schemas.CodeInputInvalid, "input is not JSON: %v", err)
+	}
+	input = compact.Bytes()
 	doc, err := decodePlain(input)
 	if err != nil {
 		return nil, schemas.Errorf(schemas.CodeInputInvalid, "input is not JSON: %v", err)
@@ -78,7 +83,7 @@ func newJob(c *compiled, req *schemas.StartRequest, msgID string, now time.Time)
 		DefinitionHash: def.Hash,
 		Seq:            1,
 		Status:         schemas.JobRunning,
-		Input:          input,
+		InputDigest:    inputDigest(input),
 		State:          input,
 		Vars:           vars,
 		Steps:          map[string]*schemas.StepRecord{},
@@ -87,7 +92,7 @@ func newJob(c *compiled, req *schemas.StartRequest, msgID string, now time.Time)
 		CreatedAt:      now,
 		UpdatedAt:      now,
 	}
-	evs := []event{{typ: schemas.EventJobStarted, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status)}}}
+	evs := []event{{typ: schemas.EventJobStarted, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status), Input: input}}}
 	evs = append(evs, dispatch(c, cp, def.StartStep(), true, time.Time{}, now))
 	return cp, evs, nil
 }
@@ -170,9 +175,6 @@ func applyResult(c *compiled, cp *schemas.Checkpoint, res *schemas.StepResult, n
 	}})
 
 	env := conditionEnv{State: stateDoc, Output: outDoc, Vars: cp.Vars, Step: res.Step, Attempt: rec.RunAttempt}
-	if c.needsDoc[idx] && len(cp.Input) > 0 {
-		env.Input, _ = decodePlain(cp.Input)
-	}
 	for j, t := range c.next[idx] {
 		if t.prog != nil {
 			ok, err := expr.Run(t.prog, env)
@@ -205,7 +207,8 @@ func applyResult(c *compiled, cp *schemas.Checkpoint, res *schemas.StepResult, n
 // the state schema needs them.
 func mergeResult(c *compiled, idx int, state, output json.RawMessage) (json.RawMessage, any, any, *schemas.Error) {
 	step := &c.def.Steps[idx]
-	if len(bytes.TrimSpace(output)) == 0 {
+	output = bytes.TrimSpace(output)
+	if len(output) == 0 {
 		output = json.RawMessage("null")
 	}
 	var outDoc any
@@ -218,30 +221,37 @@ func mergeResult(c *compiled, idx int, state, output json.RawMessage) (json.RawM
 			return nil, nil, nil, &schemas.Error{Code: schemas.CodeOutputInvalid, Retryable: true,
 				Message: fmt.Sprintf("output does not match steps[%d].output_schema: %v", idx, err)}
 		}
+	} else if !json.Valid(output) {
+		return nil, nil, nil, schemas.Errorf(schemas.CodeOutputInvalid, "output is not valid JSON")
 	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(state, &fields); err != nil || fields == nil {
-		return nil, nil, nil, schemas.Errorf(schemas.CodeOutputInvalid, "state is not a JSON object")
-	}
+	newState := state
 	switch {
 	case step.SaveAs != "":
-		fields[step.SaveAs] = output
-	case string(bytes.TrimSpace(output)) == "null":
+		key, _ := json.Marshal(step.SaveAs)
+		ns, err := setMembers(state, []member{{key: key, value: output}})
+		if err != nil {
+			return nil, nil, nil, schemas.Errorf(schemas.CodeOutputInvalid, "state is not a JSON object")
+		}
+		newState = ns
+	case string(output) == "null" || string(output) == "{}":
 		// nothing to merge
 	default:
-		var out map[string]json.RawMessage
-		if err := json.Unmarshal(output, &out); err != nil {
+		set, err := members(output)
+		if err != nil {
 			return nil, nil, nil, &schemas.Error{Code: schemas.CodeOutputInvalid,
-				Message: fmt.Sprintf("output must be a JSON object to merge into state (or set save_as): %v", err)}
+				Message: "output must be a JSON object to merge into state (or set save_as)"}
 		}
-		maps.Copy(fields, out)
-	}
-	newState, err := json.Marshal(fields)
-	if err != nil {
-		return nil, nil, nil, schemas.Errorf(schemas.CodeOutputInvalid, "encode state: %v", err)
+		if len(set) > 0 {
+			ns, err := setMembers(state, set)
+			if err != nil {
+				return nil, nil, nil, schemas.Errorf(schemas.CodeOutputInvalid, "state is not a JSON object")
+			}
+			newState = ns
+		}
 	}
 	var stateDoc any
 	if c.needsDoc[idx] {
+		var err error
 		if stateDoc, err = decodePlain(newState); err != nil {
 			return nil, nil, nil, schemas.Errorf(schemas.CodeOutputInvalid, "decode state: %v", err)
 		}
@@ -294,6 +304,16 @@ func completeJob(cp *schemas.Checkpoint, now time.Time) event {
 	return event{typ: schemas.EventJobCompleted, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status), ResultDigest: digest(cp.State)}}
 }
 
+// inputDigest digests the compact form of a job input, so that formatting
+// does not count as a difference.
+func inputDigest(input json.RawMessage) string {
+	var b bytes.Buffer
+	if err := json.Compact(&b, input); err != nil {
+		return digest(input)
+	}
+	return digest(b.Bytes())
+}
+
 // digest is the hex SHA-256 of a JSON value's bytes, truncated to 128 bits:
 // enough to tell results apart, short enough to store per step.
 func digest(b []byte) string {
@@ -314,6 +334,6 @@ func cloneCheckpoint(cp *schemas.Checkpoint) *schemas.Checkpoint {
 		d := *cp.Current
 		c.Current = &d
 	}
-	c.Outbox = append([]json.RawMessage(nil), cp.Outbox...)
+	c.Events = append([]schemas.Event(nil), cp.Events...)
 	return &c
 }

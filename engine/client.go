@@ -27,6 +27,7 @@ type Client struct {
 	store    *kv.Store
 	compiled *compiledCache
 	now      func() time.Time
+	stored   sync.Map // definition hashes this client has stored
 }
 
 // NewClient returns a Client over an opened store.
@@ -90,7 +91,7 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 		switch {
 		case ent.Checkpoint.DefinitionHash != def.Hash:
 			res.Mismatch = fmt.Sprintf("job %s runs definition %s, not %s; it keeps its own", id, short(ent.Checkpoint.DefinitionHash), short(def.Hash))
-		case len(input) > 0 && !jsonEqual(ent.Checkpoint.Input, input):
+		case len(input) > 0 && ent.Checkpoint.InputDigest != "" && !sameInput(ent.Checkpoint.InputDigest, input):
 			res.Mismatch = fmt.Sprintf("job %s was started with other input; it keeps its own", id)
 		}
 		return res, nil
@@ -108,8 +109,11 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 	if _, _, err := newJob(cd, req, "", c.now()); err != nil {
 		return StartResult{}, err
 	}
-	if err := c.store.Definitions.Put(ctx, def); err != nil {
-		return StartResult{}, fmt.Errorf("start job %s: %w", id, err)
+	if _, done := c.stored.Load(def.Hash); !done {
+		if err := c.store.Definitions.Put(ctx, def); err != nil {
+			return StartResult{}, fmt.Errorf("start job %s: %w", id, err)
+		}
+		c.stored.Store(def.Hash, true)
 	}
 	data, err := json.Marshal(req)
 	if err != nil {
@@ -287,17 +291,26 @@ func (c *Client) follow(ctx context.Context, id string, fn func(HistoryEvent, ui
 			}
 			return fmt.Errorf("follow history of %s: %w", id, err)
 		}
-		h, err := DecodeHistoryEvent(m.Data())
-		if err != nil || seen[h.ID] {
+		evs, err := DecodeHistory(m.Data())
+		if err != nil {
 			continue
 		}
-		seen[h.ID] = true
 		var pending uint64
 		if md, err := m.Metadata(); err == nil {
 			pending = md.NumPending
 		}
-		if !fn(h, pending) {
-			return nil
+		for i, h := range evs {
+			if seen[h.ID] {
+				continue
+			}
+			seen[h.ID] = true
+			left := pending
+			if i < len(evs)-1 {
+				left++ // more events in this message
+			}
+			if !fn(h, left) {
+				return nil
+			}
 		}
 		if stopAtEnd && pending == 0 {
 			return nil
@@ -305,14 +318,11 @@ func (c *Client) follow(ctx context.Context, id string, fn func(HistoryEvent, ui
 	}
 }
 
-func jsonEqual(a, b json.RawMessage) bool {
-	var x, y any
-	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
-		return bytes.Equal(a, b)
-	}
-	xa, _ := json.Marshal(x)
-	ya, _ := json.Marshal(y)
-	return bytes.Equal(xa, ya)
+// sameInput compares an input with the digest of the one a job was
+// started with, ignoring white space (key order still counts, which only
+// costs a warning).
+func sameInput(digestOf string, input json.RawMessage) bool {
+	return inputDigest(input) == digestOf
 }
 
 func short(hash string) string {

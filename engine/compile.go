@@ -46,7 +46,6 @@ func conditionOptions() []expr.Option {
 type conditionEnv struct {
 	State   any               `expr:"state"`   // the job's state after the step's output was merged
 	Output  any               `expr:"output"`  // the step's output
-	Input   any               `expr:"input"`   // the job's input
 	Vars    map[string]string `expr:"vars"`    // the job's pinned vars
 	Step    string            `expr:"step"`    // the step that just completed
 	Attempt int               `expr:"attempt"` // its attempt number within the run

@@ -8,6 +8,7 @@ import (
 
 	"github.com/waymark-dev/waymark/internal/failpoint"
 	"github.com/waymark-dev/waymark/kv"
+	"github.com/waymark-dev/waymark/schemas"
 )
 
 // Defaults for Config.
@@ -50,6 +51,11 @@ type Config struct {
 	Failpoints *failpoint.Set
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// OnWrite, when set, is called after every checkpoint write that
+	// succeeded, with the checkpoint written (do not modify it). It runs on
+	// the engine's goroutines and must not block: for benchmarks and
+	// observers that cannot afford a KV watch.
+	OnWrite func(cp *schemas.Checkpoint)
 }
 
 // WithDefaults returns c with zero fields set to their defaults.

@@ -271,8 +271,7 @@ func (e *Engine) decode(m jetstream.Msg) *inboxItem {
 			err = fmt.Errorf("start request for job %q on the subject of job %q", it.start.JobID, job)
 		}
 	case kind == kv.InboxResult:
-		it.result = new(schemas.StepResult)
-		if err = json.Unmarshal(m.Data(), it.result); err == nil && it.result.Job != job {
+		if it.result, err = schemas.DecodeStepResult(m.Headers(), m.Data()); err == nil && it.result.Job != job {
 			err = fmt.Errorf("result for job %q on the subject of job %q", it.result.Job, job)
 		}
 	default:
@@ -325,11 +324,11 @@ func (e *Engine) load(ctx context.Context, ps []*plan, fresh bool) {
 func (e *Engine) decide(ctx context.Context, p *plan) (redo bool) {
 	now := e.cfg.Now()
 	var cp *schemas.Checkpoint
-	var carried []json.RawMessage
+	var carried []schemas.Event
 	if p.base != nil {
 		cp = cloneCheckpoint(p.base.cp)
 		if !p.base.published {
-			carried = cp.Outbox // their publication is unknown: publish them again
+			carried = cp.Events // their publication is unknown: publish them again
 			if len(carried) > 64 {
 				carried = carried[len(carried)-64:]
 			}
@@ -417,7 +416,7 @@ func (e *Engine) decide(ctx context.Context, p *plan) (redo bool) {
 	if republish && !changed {
 		// Publish the dispatch and events of the checkpoint again, same ids.
 		p.tally.republished++
-		carried = cp.Outbox
+		carried = cp.Events
 		changed, cause = true, cp.Cause
 		if recovered == "" {
 			recovered = "the inbox message that produced the last checkpoint came again: an engine died or stalled before finishing it"
@@ -444,12 +443,7 @@ func (e *Engine) decide(ctx context.Context, p *plan) (redo bool) {
 	}
 	cp.UpdatedAt = now
 	cp.Cause = cause
-	encoded, err := encodeEvents(cp, evs, now)
-	if err != nil {
-		p.err = err
-		return false
-	}
-	cp.Outbox = append(carried, encoded...)
+	cp.Events = append(carried, stamp(evs, cp.Seq, now)...)
 	p.next = cp
 	p.dispatch = cp.Current != nil && (republish || p.base == nil || p.base.cp.Current == nil || p.base.cp.Current.MsgID != cp.Current.MsgID)
 	switch cp.Status {
@@ -522,6 +516,9 @@ func (e *Engine) write(ctx context.Context, ps []*plan) (conflicts []*plan) {
 			e.ctr.transitions.Add(1)
 			e.cache.Add(f.p.job, &cached{cp: f.p.next, rev: rev})
 			e.ctr.progress(e.cfg.Now())
+			if e.cfg.OnWrite != nil {
+				e.cfg.OnWrite(f.p.next)
+			}
 		}
 	}
 	e.fp.Inject(ctx, failpoint.EngineAfterCheckpoint)
@@ -544,10 +541,16 @@ func (e *Engine) publish(ctx context.Context, ps []*plan) {
 			continue
 		}
 		cp := p.next
-		for i, ev := range cp.Outbox {
+		ids, bodies, err := historyBatches(cp.JobID, cp.Events)
+		if err != nil {
+			p.err = err
+			continue
+		}
+		for i := range ids {
 			m := nats.NewMsg(names.HistorySubject(cp.JobID))
-			m.Data = ev
-			m.Header.Set(jetstream.MsgIDHeader, eventID(ev, cp, i))
+			m.Data = bodies[i]
+			m.Header.Set(jetstream.MsgIDHeader, ids[i])
+			m.Header.Set("Content-Type", HistoryContentType)
 			f, err := js.PublishMsgAsync(m)
 			if err != nil {
 				p.err = fmt.Errorf("publish history of job %s: %w", cp.JobID, err)
@@ -597,17 +600,6 @@ func (e *Engine) publish(ctx context.Context, ps []*plan) {
 	}
 }
 
-// eventID returns the dedup id of an outbox event: its CloudEvents id.
-func eventID(ev json.RawMessage, cp *schemas.Checkpoint, i int) string {
-	var head struct {
-		ID string `json:"id"`
-	}
-	if err := json.Unmarshal(ev, &head); err == nil && head.ID != "" {
-		return head.ID
-	}
-	return fmt.Sprintf("%s/%d/x%d", cp.JobID, cp.Seq, i)
-}
-
 // stepMessage builds the step message of p.next.Current.
 func (e *Engine) stepMessage(p *plan) (*nats.Msg, error) {
 	cp := p.next
@@ -624,7 +616,8 @@ func (e *Engine) stepMessage(p *plan) (*nats.Msg, error) {
 		NotBefore:      d.NotBefore,
 		IdempotencyKey: IdempotencyKey(cp.JobID, d.Step, rec.Runs),
 	}
-	data, err := json.Marshal(sm)
+	m := nats.NewMsg(e.store.Names.WorkSubject(d.Pool))
+	data, err := schemas.EncodeStepMessage(&sm, m.Header)
 	if err != nil {
 		return nil, err
 	}
@@ -632,7 +625,6 @@ func (e *Engine) stepMessage(p *plan) (*nats.Msg, error) {
 		return nil, &schemas.Error{Code: schemas.CodeTooLarge, Job: cp.JobID, Step: d.Step, Attempt: d.Attempt,
 			Message: fmt.Sprintf("step message is %d bytes; the limit is %d", len(data), max)}
 	}
-	m := nats.NewMsg(e.store.Names.WorkSubject(d.Pool))
 	m.Data = data
 	m.Header.Set(jetstream.MsgIDHeader, d.MsgID)
 	return m, nil

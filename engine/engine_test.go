@@ -91,8 +91,8 @@ func (b *bundle) worker(respond func(sm *schemas.StepMessage) (json.RawMessage, 
 		t.Fatal(err)
 	}
 	cc, err := cons.Consume(func(m jetstream.Msg) {
-		var sm schemas.StepMessage
-		if err := json.Unmarshal(m.Data(), &sm); err != nil {
+		sm, err := schemas.DecodeStepMessage(m.Headers(), m.Data())
+		if err != nil {
 			t.Errorf("decode step message: %v", err)
 			return
 		}
@@ -101,7 +101,7 @@ func (b *bundle) worker(respond func(sm *schemas.StepMessage) (json.RawMessage, 
 			return
 		}
 		calls.Add(1)
-		out, e := respond(&sm)
+		out, e := respond(sm)
 		res := schemas.StepResult{Job: sm.Job, Step: sm.Step, Attempt: sm.Attempt, Output: out, Error: e, DurationMs: 1}
 		b.publishResult(&res)
 		_ = m.Ack()
@@ -115,9 +115,8 @@ func (b *bundle) worker(respond func(sm *schemas.StepMessage) (json.RawMessage, 
 
 func (b *bundle) publishResult(res *schemas.StepResult) {
 	b.t.Helper()
-	data, _ := json.Marshal(res)
 	m := nats.NewMsg(b.store.Names.InboxSubject(kv.InboxResult, res.Job))
-	m.Data = data
+	m.Data, _ = schemas.EncodeStepResult(res, m.Header)
 	m.Header.Set(jetstream.MsgIDHeader, schemas.ResultMsgID(res.Job, res.Step, res.Attempt))
 	if _, err := b.store.JS.PublishMsg(context.Background(), m); err != nil {
 		b.t.Fatalf("publish result: %v", err)
@@ -388,9 +387,8 @@ func TestStaleResultIsDroppedAndCounted(t *testing.T) {
 	// Attempt 1's result came already (a failure). A second one, as if
 	// sent again after the stream's duplicate window, must not apply.
 	late := &schemas.StepResult{Job: id, Step: "b", Attempt: 1, Output: json.RawMessage(`{"late": true}`)}
-	data, _ := json.Marshal(late)
 	m := nats.NewMsg(b.store.Names.InboxSubject(kv.InboxResult, id))
-	m.Data = data
+	m.Data, _ = schemas.EncodeStepResult(late, m.Header)
 	m.Header.Set(jetstream.MsgIDHeader, schemas.ResultMsgID(id, "b", 1)+"/after-window")
 	if _, err := b.store.JS.PublishMsg(context.Background(), m); err != nil {
 		t.Fatal(err)

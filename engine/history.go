@@ -6,57 +6,74 @@ import (
 	"strconv"
 	"time"
 
-	cloudevent "github.com/cloudevents/sdk-go/v2/event"
-
 	"github.com/waymark-dev/waymark/schemas"
 )
 
 // HistorySource is the CloudEvents "source" of every history event.
 const HistorySource = "/waymark/engine"
 
-// encodeEvents turns a transition's events into CloudEvents JSON (the
-// CloudEvents 1.0 JSON event format). Event ids are "<job>/<seq>/<n>":
-// unique per event, and the same when a crashed writer's events are
-// published again, so the history stream's dedup drops the copy.
-func encodeEvents(cp *schemas.Checkpoint, evs []event, now time.Time) ([]json.RawMessage, error) {
-	out := make([]json.RawMessage, 0, len(evs))
-	for i, ev := range evs {
-		ev.data.Seq = cp.Seq
-		ce := cloudevent.New()
-		ce.SetID(cp.JobID + "/" + strconv.FormatUint(cp.Seq, 10) + "/" + strconv.Itoa(i))
-		ce.SetSource(HistorySource)
-		ce.SetType(ev.typ)
-		ce.SetSubject(cp.JobID)
-		ce.SetTime(now)
-		if err := ce.SetData(cloudevent.ApplicationJSON, ev.data); err != nil {
-			return nil, fmt.Errorf("encode %s event of job %s: %w", ev.typ, cp.JobID, err)
-		}
-		b, err := json.Marshal(ce)
-		if err != nil {
-			return nil, fmt.Errorf("encode %s event of job %s: %w", ev.typ, cp.JobID, err)
-		}
-		out = append(out, b)
-	}
-	return out, nil
-}
+// HistoryContentType is the content type of a history message: a
+// CloudEvents JSON batch (one JSON array of events, CloudEvents 1.0 JSON
+// event format, section 4).
+const HistoryContentType = "application/cloudevents-batch+json"
 
-// HistoryEvent is a decoded history event, as Client.History returns it.
+// HistoryEvent is one CloudEvent of a job's history, as the history stream
+// holds it (CloudEvents 1.0, JSON format) and as Client.History returns it.
 type HistoryEvent struct {
-	ID   string              `json:"id"`
-	Type string              `json:"type"`
-	Time time.Time           `json:"time"`
-	Data schemas.HistoryData `json:"data"`
+	SpecVersion     string              `json:"specversion"`
+	ID              string              `json:"id"` // <job>/<seq>/<n>
+	Source          string              `json:"source"`
+	Type            string              `json:"type"`
+	Subject         string              `json:"subject"` // the job id
+	Time            time.Time           `json:"time"`
+	DataContentType string              `json:"datacontenttype"`
+	Data            schemas.HistoryData `json:"data"`
 }
 
-// DecodeHistoryEvent decodes one CloudEvents JSON history event.
-func DecodeHistoryEvent(b []byte) (HistoryEvent, error) {
-	var ce cloudevent.Event
-	if err := json.Unmarshal(b, &ce); err != nil {
-		return HistoryEvent{}, fmt.Errorf("decode history event: %w", err)
+// historyBatches encodes events as history messages: one CloudEvents
+// batch per checkpoint sequence, with that sequence's dedup id, so a batch
+// published again after a crash is dropped by the stream.
+func historyBatches(job string, evs []schemas.Event) (ids []string, bodies [][]byte, err error) {
+	for start := 0; start < len(evs); {
+		seq := evs[start].Data.Seq
+		end := start
+		for end < len(evs) && evs[end].Data.Seq == seq {
+			end++
+		}
+		batch := make([]HistoryEvent, 0, end-start)
+		for i, ev := range evs[start:end] {
+			batch = append(batch, HistoryEvent{
+				SpecVersion: "1.0", ID: job + "/" + strconv.FormatUint(seq, 10) + "/" + strconv.Itoa(i),
+				Source: HistorySource, Type: ev.Type, Subject: job, Time: ev.Time,
+				DataContentType: "application/json", Data: ev.Data,
+			})
+		}
+		b, err := json.Marshal(batch)
+		if err != nil {
+			return nil, nil, fmt.Errorf("encode history of job %s seq %d: %w", job, seq, err)
+		}
+		ids = append(ids, job+"/"+strconv.FormatUint(seq, 10))
+		bodies = append(bodies, b)
+		start = end
 	}
-	h := HistoryEvent{ID: ce.ID(), Type: ce.Type(), Time: ce.Time()}
-	if err := ce.DataAs(&h.Data); err != nil {
-		return HistoryEvent{}, fmt.Errorf("decode history event %s data: %w", ce.ID(), err)
+	return ids, bodies, nil
+}
+
+// DecodeHistory decodes one history message: a CloudEvents batch.
+func DecodeHistory(b []byte) ([]HistoryEvent, error) {
+	var evs []HistoryEvent
+	if err := json.Unmarshal(b, &evs); err != nil {
+		return nil, fmt.Errorf("decode history message: %w", err)
 	}
-	return h, nil
+	return evs, nil
+}
+
+// stamp turns the events of one transition into checkpoint events.
+func stamp(evs []event, seq uint64, now time.Time) []schemas.Event {
+	out := make([]schemas.Event, len(evs))
+	for i, ev := range evs {
+		ev.data.Seq = seq
+		out[i] = schemas.Event{Type: ev.typ, Time: now, Data: ev.data}
+	}
+	return out
 }

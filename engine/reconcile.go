@@ -102,11 +102,7 @@ func (e *Engine) loseAttempt(ctx context.Context, ent kv.Entry, now time.Time) e
 		next.Seq = cp.Seq + 1
 		next.UpdatedAt = now
 		next.Cause = "reconcile/" + cur.MsgID
-		encoded, err := encodeEvents(next, evs, now)
-		if err != nil {
-			return err
-		}
-		next.Outbox = encoded
+		next.Events = stamp(evs, next.Seq, now)
 		p.next = next
 		p.dispatch = next.Current != nil
 	}

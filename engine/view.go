@@ -60,7 +60,7 @@ func NewJobView(cp *schemas.Checkpoint, def *schemas.Definition) *JobView {
 	v := &JobView{
 		ID: cp.JobID, Workflow: cp.Workflow, Version: cp.Version, DefinitionHash: cp.DefinitionHash,
 		Status: cp.Status, ResumeCount: cp.ResumeCount, Seq: cp.Seq, Current: cp.Current,
-		State: cp.State, Input: cp.Input, Vars: cp.Vars, Error: cp.Error, Parent: cp.Parent,
+		State: cp.State, Vars: cp.Vars, Error: cp.Error, Parent: cp.Parent,
 		CreatedAt: cp.CreatedAt, UpdatedAt: cp.UpdatedAt, CompletedAt: cp.CompletedAt,
 		Steps: []StepView{},
 	}

@@ -73,10 +73,7 @@ func DecodeCheckpoint(job string, data []byte) (*schemas.Checkpoint, error) {
 // Encode returns cp's stored form, or schemas.ErrTooLarge naming the job
 // and both sizes.
 func (c *Checkpoints) Encode(cp *schemas.Checkpoint) ([]byte, error) {
-	data, err := json.Marshal(cp)
-	if err != nil {
-		return nil, fmt.Errorf("encode checkpoint %s: %w", cp.JobID, err)
-	}
+	data := cp.AppendJSON(make([]byte, 0, 512+len(cp.State)))
 	if len(data) > c.maxBytes {
 		return nil, (&schemas.Error{Code: schemas.CodeTooLarge, Job: cp.JobID,
 			Message: fmt.Sprintf("checkpoint is %d bytes; the bucket's limit is %d", len(data), c.maxBytes)})

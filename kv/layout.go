@@ -114,12 +114,20 @@ func (c Config) Validate() error {
 		return fmt.Errorf("kv config: replicas %d: want 1, 3 or 5", c.Replicas)
 	case c.Duplicates < time.Second:
 		return fmt.Errorf("kv config: duplicates window %v: want at least 1s", c.Duplicates)
-	case c.InboxAckWait < 100*time.Millisecond || c.WorkAckWait < 100*time.Millisecond:
-		return fmt.Errorf("kv config: ack waits (inbox %v, work %v): want at least 100ms", c.InboxAckWait, c.WorkAckWait)
+	case c.InboxAckWait < 100*time.Millisecond:
+		return fmt.Errorf("kv config: inbox ack wait %v: want at least 100ms", c.InboxAckWait)
+	case c.WorkAckWait < 100*time.Millisecond:
+		return fmt.Errorf("kv config: work ack wait %v: want at least 100ms", c.WorkAckWait)
 	case c.WorkMaxDeliver < 2 && c.WorkMaxDeliver != -1:
 		return fmt.Errorf("kv config: work max deliver %d: want at least 2, or -1 for no limit", c.WorkMaxDeliver)
-	case c.MaxValueBytes < 1024 || c.MaxMessageBytes < 1024:
-		return fmt.Errorf("kv config: size limits (value %d, message %d bytes): want at least 1024", c.MaxValueBytes, c.MaxMessageBytes)
+	case c.MaxAckPending < 1 && c.MaxAckPending != -1:
+		return fmt.Errorf("kv config: max ack pending %d: want at least 1, or -1 for no limit", c.MaxAckPending)
+	case c.MaxValueBytes < 1024:
+		return fmt.Errorf("kv config: max value bytes %d: want at least 1024", c.MaxValueBytes)
+	case c.MaxMessageBytes < 1024:
+		return fmt.Errorf("kv config: max message bytes %d: want at least 1024", c.MaxMessageBytes)
+	case c.HistoryMaxAge < 0:
+		return fmt.Errorf("kv config: history max age %v: want a positive duration", c.HistoryMaxAge)
 	}
 	return nil
 }

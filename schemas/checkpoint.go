@@ -48,7 +48,7 @@ type Checkpoint struct {
 	DefinitionHash string            `json:"definition_hash"`
 	Seq            uint64            `json:"seq"` // +1 per write; 1 at creation
 	Status         JobStatus         `json:"status"`
-	Input          json.RawMessage   `json:"input,omitempty"`
+	InputDigest    string            `json:"input_digest,omitempty"` // the input itself is in the job.started event
 	State          json.RawMessage   `json:"state"`
 	Vars           map[string]string `json:"vars,omitempty"` // pinned at start
 
@@ -64,10 +64,10 @@ type Checkpoint struct {
 	// before publishing Outbox and Current, so they are published again.
 	Cause string `json:"cause,omitempty"`
 
-	// Outbox holds history events written with this Seq whose publication
-	// has not been confirmed to the next writer. Bounded: a writer that
-	// published them drops them.
-	Outbox []json.RawMessage `json:"outbox,omitempty"`
+	// Events holds the history events of this Seq, and any earlier ones
+	// whose publication the writer could not confirm: a transactional
+	// outbox. The writer that publishes them drops them from its next write.
+	Events []Event `json:"events,omitempty"`
 
 	ResumeCount int `json:"resume_count"`
 	// ResumedBy names the engine incarnation that recorded the last resume
@@ -79,6 +79,15 @@ type Checkpoint struct {
 	CreatedAt   time.Time  `json:"created_at"`
 	UpdatedAt   time.Time  `json:"updated_at"`
 	CompletedAt *time.Time `json:"completed_at,omitempty"`
+}
+
+// Event is one history event: something that happened in a transition.
+// On the history stream it is a CloudEvent whose id is
+// "<job>/<seq>/<n>" and whose data is Data.
+type Event struct {
+	Type string      `json:"type"` // one of the Event* constants
+	Time time.Time   `json:"time"`
+	Data HistoryData `json:"data"`
 }
 
 // StepRecord is the summary of one step in a job.

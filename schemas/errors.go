@@ -89,7 +89,7 @@ func (e *Error) Error() string {
 // Is reports whether target is an *Error with the same code.
 func (e *Error) Is(target error) bool {
 	t, ok := target.(*Error)
-	return ok && t.Code == e.Code
+	return ok && t != nil && t.Code == e.Code
 }
 
 // Unwrap returns the cause, if the error was built with one. Causes are not

@@ -8,16 +8,19 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/goccy/go-yaml"
 	"github.com/goccy/go-yaml/ast"
 	"github.com/goccy/go-yaml/parser"
+	"github.com/goccy/go-yaml/token"
 )
 
 // WorkflowSchemaJSON is schemas/workflow.schema.json, the JSON Schema every
@@ -130,22 +133,42 @@ func Parse(name string, data []byte, opts LoadOptions) (*Definition, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil, fail(LocatedProblem{Problem: Problem{Message: "file is empty"}})
 	}
+	if strings.EqualFold(filepath.Ext(name), ".json") {
+		// YAML accepts what JSON does not (trailing commas, single quotes,
+		// comments); a .json file must be JSON.
+		if p, bad := jsonSyntaxProblem(data); bad {
+			return nil, fail(p)
+		}
+	}
 	file, err := parser.ParseBytes(data, 0)
 	if err != nil {
 		return nil, fail(yamlProblem(err))
 	}
 	if len(file.Docs) != 1 {
-		return nil, fail(LocatedProblem{Problem: Problem{Message: fmt.Sprintf("want exactly one YAML document, found %d", len(file.Docs))}})
+		p := LocatedProblem{Problem: Problem{Message: fmt.Sprintf("want exactly one YAML document, found %d", len(file.Docs))}}
+		if len(file.Docs) > 1 {
+			pos := tokenPosition(file.Docs[1].Start)
+			if pos.Line == 0 {
+				pos = nodePosition(file.Docs[1].Body)
+			}
+			p.Line, p.Column = pos.Line, pos.Column
+		}
+		return nil, fail(p)
+	}
+	if x := (&expansion{anchors: map[string]int{}}); x.size(file.Docs[0].Body) > maxExpandedBytes {
+		pos := tokenPosition(x.firstAlias)
+		return nil, fail(LocatedProblem{Problem: Problem{Message: fmt.Sprintf("YAML aliases expand the file beyond %d bytes", maxExpandedBytes)}, Line: pos.Line, Column: pos.Column})
 	}
 	var raw any
 	if err := yaml.UnmarshalWithOptions(data, &raw); err != nil {
 		return nil, fail(yamlProblem(err))
 	}
+	loc := &locator{file: file}
 	doc, err := normalise(raw)
 	if err != nil {
-		return nil, fail(LocatedProblem{Problem: Problem{Message: err.Error()}})
+		line, col := loc.position("")
+		return nil, fail(LocatedProblem{Problem: Problem{Message: err.Error()}, Line: line, Column: col})
 	}
-	loc := &locator{file: file}
 	locate := func(ps []Problem) error {
 		out := make([]LocatedProblem, 0, len(ps))
 		for _, p := range ps {
@@ -205,6 +228,11 @@ func DecodeDefinition(data []byte) (*Definition, error) {
 	if err := dec.Decode(&def); err != nil {
 		return nil, Errorf(CodeDefinitionInvalid, "decode definition: %v", err)
 	}
+	if dec.More() {
+		// The hash covers every byte: data after the definition is damage,
+		// not something to pin jobs to.
+		return nil, Errorf(CodeDefinitionInvalid, "decode definition: unexpected data after the JSON value at offset %d", dec.InputOffset())
+	}
 	if len(def.Steps) == 0 {
 		return nil, Errorf(CodeDefinitionInvalid, "decode definition: no steps")
 	}
@@ -243,6 +271,14 @@ func PointerToPath(ptr string) string {
 func schemaProblems(se *SchemaError) []Problem {
 	ps := make([]Problem, 0, len(se.Problems))
 	for _, p := range se.Problems {
+		// An unknown key is reported at its parent object; move it to the
+		// key itself so that its line is the key's line.
+		if names, ok := unknownProperties(p.Message); ok {
+			for _, n := range names {
+				ps = append(ps, Problem{Path: p.Path + "/" + escapePointer(n), Message: fmt.Sprintf("unknown field %q", n)})
+			}
+			continue
+		}
 		ps = append(ps, Problem{Path: p.Path, Message: p.Message})
 	}
 	// A failed oneOf/if-then reports every branch; the deepest paths carry
@@ -264,6 +300,92 @@ func schemaProblems(se *SchemaError) []Problem {
 	return out
 }
 
+// unknownProperties parses the names out of jsonschema's message
+// "additionalProperties 'a', 'b' not allowed", where each name is Go-quoted
+// between single quotes, with ' escaped as \'.
+func unknownProperties(msg string) ([]string, bool) {
+	rest, ok := strings.CutPrefix(msg, "additionalProperties ")
+	if !ok {
+		return nil, false
+	}
+	rest, ok = strings.CutSuffix(rest, " not allowed")
+	if !ok {
+		return nil, false
+	}
+	var names []string
+	for {
+		if len(rest) == 0 || rest[0] != '\'' {
+			return nil, false
+		}
+		end := -1
+		for i := 1; i < len(rest); i++ {
+			if rest[i] == '\\' {
+				i++
+				continue
+			}
+			if rest[i] == '\'' {
+				end = i
+				break
+			}
+		}
+		if end < 0 {
+			return nil, false
+		}
+		inner := strings.ReplaceAll(rest[1:end], `\'`, `'`)
+		inner = strings.ReplaceAll(inner, `"`, `\"`)
+		n, err := strconv.Unquote(`"` + inner + `"`)
+		if err != nil {
+			return nil, false
+		}
+		names = append(names, n)
+		rest = rest[end+1:]
+		if rest == "" {
+			return names, true
+		}
+		if rest, ok = strings.CutPrefix(rest, ", "); !ok {
+			return nil, false
+		}
+	}
+}
+
+func escapePointer(tok string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(tok, "~", "~0"), "/", "~1")
+}
+
+// jsonSyntaxProblem reports where data stops being one JSON value, if it
+// does.
+func jsonSyntaxProblem(data []byte) (LocatedProblem, bool) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	var v any
+	err := dec.Decode(&v)
+	var bad int // offset of the offending byte
+	var se *json.SyntaxError
+	switch {
+	case err == nil && !dec.More():
+		return LocatedProblem{}, false
+	case err == nil:
+		bad = int(dec.InputOffset())
+		for bad < len(data) && strings.IndexByte(" \t\r\n", data[bad]) >= 0 {
+			bad++
+		}
+		err = errors.New("unexpected data after the JSON value")
+	case errors.As(err, &se):
+		bad = int(se.Offset) - 1 // Offset counts the offending byte
+	case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF):
+		bad = len(bytes.TrimRight(data, " \t\r\n")) // just past the last value
+		err = errors.New("unexpected end of input")
+	default:
+		bad = len(data)
+	}
+	bad = min(max(bad, 0), len(data))
+	lineStart := bytes.LastIndexByte(data[:bad], '\n') + 1
+	return LocatedProblem{
+		Problem: Problem{Message: "JSON: " + err.Error()},
+		Line:    1 + bytes.Count(data[:bad], []byte("\n")),
+		Column:  1 + utf8.RuneCount(data[lineStart:bad]),
+	}, true
+}
+
 func yamlProblem(err error) LocatedProblem {
 	var ye yaml.Error
 	if errors.As(err, &ye) {
@@ -274,6 +396,68 @@ func yamlProblem(err error) LocatedProblem {
 		return p
 	}
 	return LocatedProblem{Problem: Problem{Message: "YAML: " + err.Error()}}
+}
+
+// maxExpandedBytes bounds what a file's YAML aliases may expand to, counted
+// as scalar bytes plus one per node. Decoding copies an alias's value
+// wherever it is used, so without a bound a few hundred bytes of nested
+// aliases ("billion laughs") become gigabytes; a file without aliases
+// never comes near it.
+const maxExpandedBytes = 2 * MaxDefinitionBytes
+
+// expansion sizes a YAML tree with every alias replaced by its anchor's
+// value, saturating just above maxExpandedBytes.
+type expansion struct {
+	anchors    map[string]int
+	firstAlias *token.Token
+}
+
+func (x *expansion) size(n ast.Node) int {
+	add := func(a, b int) int { return min(a+b, maxExpandedBytes+1) }
+	switch n := n.(type) {
+	case nil:
+		return 0
+	case *ast.AnchorNode:
+		s := x.size(n.Value)
+		if n.Name != nil {
+			x.anchors[n.Name.GetToken().Value] = s
+		}
+		return s
+	case *ast.AliasNode:
+		if x.firstAlias == nil {
+			x.firstAlias = n.GetToken()
+		}
+		if n.Value == nil {
+			return 1
+		}
+		return max(1, x.anchors[n.Value.GetToken().Value])
+	case *ast.TagNode:
+		return add(1, x.size(n.Value))
+	case *ast.MappingKeyNode:
+		return add(1, x.size(n.Value))
+	case *ast.MappingValueNode:
+		return add(x.size(n.Key), x.size(n.Value))
+	case *ast.MappingNode:
+		s := 1
+		for _, mv := range n.Values {
+			s = add(s, x.size(mv))
+		}
+		return s
+	case *ast.SequenceNode:
+		s := 1
+		for _, v := range n.Values {
+			s = add(s, x.size(v))
+		}
+		return s
+	case ast.ScalarNode:
+		if v, ok := n.GetValue().(string); ok {
+			return add(1, len(v))
+		}
+	}
+	if t := n.GetToken(); t != nil {
+		return add(1, len(t.Value))
+	}
+	return 1
 }
 
 // normalise turns what the YAML decoder produced into plain JSON types
@@ -325,13 +509,13 @@ func embedAssets(m map[string]any, base string) []Problem {
 		if !filepath.IsAbs(path) {
 			path = filepath.Join(base, rel)
 		}
-		data, err := os.ReadFile(path)
+		data, err := readAsset(path)
 		if err != nil {
 			ps = append(ps, Problem{Path: ptr, Message: fmt.Sprintf("read asset: %v", err)})
 			continue
 		}
 		if len(data) > MaxAssetBytes {
-			ps = append(ps, Problem{Path: ptr, Message: fmt.Sprintf("asset %s is %d bytes; the limit is %d", rel, len(data), MaxAssetBytes)})
+			ps = append(ps, Problem{Path: ptr, Message: fmt.Sprintf("asset %s is over the limit of %d bytes", rel, MaxAssetBytes)})
 			continue
 		}
 		if strings.EqualFold(filepath.Ext(path), ".json") {
@@ -346,6 +530,25 @@ func embedAssets(m map[string]any, base string) []Problem {
 		assets[name] = string(data)
 	}
 	return ps
+}
+
+// readAsset reads a regular file, at most one byte past MaxAssetBytes so
+// that the caller can report the size: a device or a pipe named as an
+// asset must not block the loader or fill its memory.
+func readAsset(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	return io.ReadAll(io.LimitReader(f, MaxAssetBytes+1))
 }
 
 // checkDefinition finds what the schema cannot: duplicate ids, missing
@@ -397,40 +600,92 @@ func checkDefinition(d *Definition) []Problem {
 // locator maps JSON Pointers to positions in the YAML source.
 type locator struct{ file *ast.File }
 
-// position returns the line and column of the deepest existing node on
-// ptr's path, so a missing property points at its parent.
+// position returns the line and column of what ptr names: the key of a
+// mapping entry (where a reader looks for "steps[0].with", not at the
+// value on the line below), the first key of a block mapping reached by
+// index, or the node itself. A path that leaves the source (a missing
+// property, a value merged in from an alias) stops at the deepest node on
+// it, so a missing property points at its parent.
 func (l *locator) position(ptr string) (int, int) {
+	if len(l.file.Docs) == 0 || l.file.Docs[0].Body == nil {
+		return 0, 0
+	}
 	toks := []string{}
 	if ptr != "" && ptr != "/" {
 		toks = strings.Split(strings.TrimPrefix(ptr, "/"), "/")
 	}
-	for n := len(toks); n >= 0; n-- {
-		p, err := yamlPath(toks[:n])
-		if err != nil {
-			continue
-		}
-		node, err := p.FilterFile(l.file)
-		if err != nil || node == nil {
-			continue
-		}
-		tok := node.GetToken()
-		if tok == nil || tok.Position == nil {
-			continue
-		}
-		return tok.Position.Line, tok.Position.Column
-	}
-	return 0, 0
-}
-
-func yamlPath(toks []string) (*yaml.Path, error) {
-	b := (&yaml.PathBuilder{}).Root()
+	node := l.file.Docs[0].Body
+	pos := nodePosition(node)
 	for _, t := range toks {
 		t = strings.ReplaceAll(strings.ReplaceAll(t, "~1", "/"), "~0", "~")
-		if n, err := strconv.Atoi(t); err == nil {
-			b = b.Index(uint(n))
-			continue
+		switch n := unwrapNode(node).(type) {
+		case *ast.MappingNode:
+			mv := findKey(n.Values, t)
+			if mv == nil {
+				return pos.Line, pos.Column
+			}
+			pos, node = tokenPosition(mv.Key.GetToken()), mv.Value
+		case *ast.MappingValueNode:
+			if findKey([]*ast.MappingValueNode{n}, t) == nil {
+				return pos.Line, pos.Column
+			}
+			pos, node = tokenPosition(n.Key.GetToken()), n.Value
+		case *ast.SequenceNode:
+			i, err := strconv.Atoi(t)
+			if err != nil || i < 0 || i >= len(n.Values) {
+				return pos.Line, pos.Column
+			}
+			node = n.Values[i]
+			pos = nodePosition(node)
+		default:
+			return pos.Line, pos.Column
 		}
-		b = b.Child(t)
 	}
-	return b.Build(), nil
+	return pos.Line, pos.Column
+}
+
+func findKey(values []*ast.MappingValueNode, key string) *ast.MappingValueNode {
+	for _, mv := range values {
+		var k ast.Node = mv.Key
+		if mk, ok := k.(*ast.MappingKeyNode); ok {
+			k = mk.Value
+		}
+		k = unwrapNode(k)
+		if sc, ok := k.(ast.ScalarNode); ok && fmt.Sprint(sc.GetValue()) == key {
+			return mv
+		}
+	}
+	return nil
+}
+
+func unwrapNode(n ast.Node) ast.Node {
+	for {
+		switch w := n.(type) {
+		case *ast.TagNode:
+			n = w.Value
+		case *ast.AnchorNode:
+			n = w.Value
+		default:
+			return n
+		}
+	}
+}
+
+// nodePosition is where a node starts for a reader: the first key of a
+// block mapping (its own token is the first ':'), else its first token.
+func nodePosition(n ast.Node) token.Position {
+	if n == nil {
+		return token.Position{}
+	}
+	if m, ok := unwrapNode(n).(*ast.MappingNode); ok && !m.IsFlowStyle && len(m.Values) > 0 {
+		return tokenPosition(m.Values[0].Key.GetToken())
+	}
+	return tokenPosition(n.GetToken())
+}
+
+func tokenPosition(t *token.Token) token.Position {
+	if t == nil || t.Position == nil {
+		return token.Position{}
+	}
+	return *t.Position
 }

@@ -72,4 +72,6 @@ type HistoryData struct {
 	NotBefore    time.Time `json:"not_before,omitzero"`
 	Reason       string    `json:"reason,omitempty"`
 	Next         string    `json:"next,omitempty"`
+	// Input is the job's input, on job.started only.
+	Input json.RawMessage `json:"input,omitempty"`
 }

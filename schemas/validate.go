@@ -36,7 +36,7 @@ func CompileSchema(name string, raw json.RawMessage) (*Validator, error) {
 	}
 	url := fmt.Sprintf("mem://waymark/%d/%s.json", schemaSeq.Add(1), sanitizeName(name))
 	if err := c.AddResource(url, bytes.NewReader(raw)); err != nil {
-		return nil, Errorf(CodeDefinitionInvalid, "%s: not a JSON Schema: %v", name, err)
+		return nil, Errorf(CodeDefinitionInvalid, "%s: not a JSON Schema: %v", name, trimSchemaURL(err.Error()))
 	}
 	s, err := c.Compile(url)
 	if err != nil {
@@ -161,11 +161,17 @@ func sanitizeName(s string) string {
 	return b.String()
 }
 
+// trimSchemaURL replaces every internal mem:// URL in s with "schema".
 func trimSchemaURL(s string) string {
-	if i := strings.Index(s, "mem://waymark/"); i >= 0 {
-		if j := strings.Index(s[i:], ".json"); j >= 0 {
-			s = s[:i] + "schema" + s[i+j+len(".json"):]
+	for {
+		i := strings.Index(s, "mem://waymark/")
+		if i < 0 {
+			return s
 		}
+		j := strings.Index(s[i:], ".json")
+		if j < 0 {
+			return s
+		}
+		s = s[:i] + "schema" + s[i+j+len(".json"):]
 	}
-	return s
 }

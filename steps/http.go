@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"text/template"
 
@@ -90,7 +92,16 @@ func (r *httpRunner) Run(ctx context.Context, c *Call) (any, error) {
 	}
 	req, err := http.NewRequestWithContext(ctx, r.method, url, body)
 	if err != nil {
-		return nil, NonRetryable(fmt.Errorf("build request: %w", err))
+		return nil, NonRetryable(fmt.Errorf("build request %s %s: %w", r.method, redactURL(url), withoutURL(err)))
+	}
+	if body != nil {
+		// Make the request non-replayable: net/http's Transport resends a
+		// request carrying an Idempotency-Key by itself when a reused
+		// keep-alive connection closes before the response, though the
+		// server may have acted on it. Waymark owns retries (a new attempt,
+		// recorded, with the same key), so the transport must not. A 307 or
+		// 308 redirect is then returned as it is rather than followed.
+		req.GetBody = nil
 	}
 	req.Header.Set("Idempotency-Key", c.IdempotencyKey)
 	req.Header.Set("Accept", "application/json")
@@ -108,7 +119,7 @@ func (r *httpRunner) Run(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		// The request may have reached the server and been acted on; the
 		// idempotency key makes asking again safe.
-		return nil, &schemas.Error{Code: schemas.CodeProvider, Retryable: true, Message: fmt.Sprintf("%s %s: %v", r.method, redactURL(url), err)}
+		return nil, &schemas.Error{Code: schemas.CodeProvider, Retryable: true, Message: fmt.Sprintf("%s %s: %v", r.method, redactURL(url), withoutURL(err))}
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, MaxHTTPResponseBytes+1))
@@ -140,6 +151,16 @@ func retryableStatus(code int) bool {
 		return true
 	}
 	return code >= 500
+}
+
+// withoutURL returns the cause of a *url.Error, whose message quotes the
+// whole URL, query string included; other errors are returned as they are.
+func withoutURL(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
 }
 
 // redactURL drops the query string, which may carry credentials.

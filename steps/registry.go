@@ -65,10 +65,20 @@ type Call struct {
 	// of this run of this step, different for anything else. Send it to
 	// providers that honour Idempotency-Key.
 	IdempotencyKey string
-	Log            *slog.Logger
-	Env            *Env
+	// Log receives the step's log; nil (a Call built outside a worker)
+	// means slog.Default() for the built-in kinds.
+	Log *slog.Logger
+	Env *Env
 
 	stateDoc map[string]any
+}
+
+// logger returns Log, or slog.Default() when it is nil.
+func (c *Call) logger() *slog.Logger {
+	if c.Log == nil {
+		return slog.Default()
+	}
+	return c.Log
 }
 
 // StateMap returns State decoded into plain JSON types (numbers as

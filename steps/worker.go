@@ -125,6 +125,9 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 func (w *Worker) Run(ctx context.Context) error {
 	cons, err := w.store.EnsureWorkConsumer(ctx, w.cfg.Pool)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting: still a clean stop
+		}
 		return err
 	}
 	slots := make(chan struct{}, w.cfg.Concurrency)
@@ -184,10 +187,10 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 	if md, err := m.Metadata(); err == nil {
 		delivered = md.NumDelivered
 	}
-	var sm schemas.StepMessage
-	if err := json.Unmarshal(m.Data(), &sm); err != nil || sm.Job == "" || sm.Step == "" || sm.Attempt < 1 {
+	sm, err := schemas.DecodeStepMessage(m.Headers(), m.Data())
+	if err != nil {
 		w.log.Error("dropping malformed step message", "subject", m.Subject(), "err", err)
-		_ = m.TermWithReason(fmt.Sprintf("malformed step message: %v", err))
+		_ = m.TermWithReason(err.Error())
 		return
 	}
 	log := w.log.With("job", sm.Job, "step", sm.Step, "attempt", sm.Attempt)
@@ -214,7 +217,7 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 		_ = m.NakWithDelay(time.Second)
 		return
 	}
-	res := w.run(ctx, m, ps, &sm, log)
+	res := w.run(ctx, m, ps, sm, log)
 	if ctx.Err() != nil {
 		_ = m.Nak() // shutting down: the attempt's outcome is not trustworthy
 		return
@@ -230,8 +233,9 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 	if ps.step != nil && ps.def.EffectOf(ps.step) != schemas.EffectPure {
 		// Wait for the server to confirm the acknowledgement: a lost one
 		// would deliver the step again, and the effect would be attempted
-		// again (safely, by its idempotency key, but needlessly).
-		actx, cancel := context.WithTimeout(ctx, resultPublishTimout)
+		// again (safely, by its idempotency key, but needlessly). The result
+		// is out, so acknowledge even when the worker is stopping.
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resultPublishTimout)
 		defer cancel()
 		if err := m.DoubleAck(actx); err != nil {
 			log.Warn("acknowledgement not confirmed; the step may be delivered again", "err", err)
@@ -358,11 +362,11 @@ func (w *Worker) heartbeat(m jetstream.Msg) (stop func()) {
 // publishResult sends res to the engine's inbox, trying again on errors:
 // the dedup id makes a repeat harmless.
 func (w *Worker) publishResult(ctx context.Context, res *schemas.StepResult) error {
-	data, err := json.Marshal(res)
+	m := nats.NewMsg(w.store.Names.InboxSubject(kv.InboxResult, res.Job))
+	data, err := schemas.EncodeStepResult(res, m.Header)
 	if err != nil {
 		return fmt.Errorf("encode result: %w", err)
 	}
-	m := nats.NewMsg(w.store.Names.InboxSubject(kv.InboxResult, res.Job))
 	m.Data = data
 	m.Header.Set(jetstream.MsgIDHeader, schemas.ResultMsgID(res.Job, res.Step, res.Attempt))
 	delay := 100 * time.Millisecond

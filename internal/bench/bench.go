@@ -1,0 +1,467 @@
+// Package bench measures what a step costs: Waymark's engine and worker
+// against the floor, a bare JetStream loop doing the least our design
+// needs per step (a checkpoint compare-and-swap, a dispatch publish with a
+// dedup id, a pull and ack, a result publish, a consume and ack), with the
+// same payload and concurrency, in the same process, on a fresh embedded
+// server each.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/waymark-dev/waymark/internal/natsserver"
+)
+
+// Config says what to measure. Zero fields take the defaults stated.
+type Config struct {
+	Jobs        int    `json:"jobs"`          // jobs per round; default 100
+	Steps       int    `json:"steps"`         // steps per job; default 10
+	Concurrency int    `json:"concurrency"`   // jobs in flight; default Jobs
+	Payload     int    `json:"payload_bytes"` // state size in bytes; default 1024
+	Kind        string `json:"kind"`          // noop (default), http (a local server) or model (replay)
+	Workers     int    `json:"worker_concurrency"`
+	Sync        string `json:"sync"`   // always or interval (default)
+	Rounds      int    `json:"rounds"` // rounds of each; medians are reported; default 1
+	Floor       bool   `json:"floor"`  // also measure the floor
+	Engine      bool   `json:"engine"` // measure Waymark (default true via WithDefaults)
+	Dir         string `json:"-"`      // where servers keep files; default a temporary directory
+	Logger      *slog.Logger `json:"-"`
+}
+
+// WithDefaults fills zero fields.
+func (c Config) WithDefaults() Config {
+	if c.Jobs == 0 {
+		c.Jobs = 100
+	}
+	if c.Steps == 0 {
+		c.Steps = 10
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = c.Jobs
+	}
+	if c.Payload == 0 {
+		c.Payload = 1024
+	}
+	if c.Kind == "" {
+		c.Kind = "noop"
+	}
+	if c.Workers == 0 {
+		c.Workers = 256
+	}
+	if c.Sync == "" {
+		c.Sync = natsserver.SyncInterval
+	}
+	if c.Rounds == 0 {
+		c.Rounds = 1
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Jobs < 1 || c.Steps < 1 || c.Concurrency < 1 || c.Rounds < 1:
+		return fmt.Errorf("bench: jobs, steps, concurrency and rounds must be at least 1")
+	case c.Concurrency > c.Jobs:
+		return fmt.Errorf("bench: concurrency %d exceeds jobs %d", c.Concurrency, c.Jobs)
+	case c.Payload < 0 || c.Payload > 512<<10:
+		return fmt.Errorf("bench: payload %d bytes: want 0..524288", c.Payload)
+	case c.Kind != "noop" && c.Kind != "http" && c.Kind != "model":
+		return fmt.Errorf("bench: kind %q: want noop, http or model", c.Kind)
+	case c.Sync != natsserver.SyncAlways && c.Sync != natsserver.SyncInterval:
+		return fmt.Errorf("bench: sync %q: want always or interval", c.Sync)
+	}
+	return nil
+}
+
+// Sample is one round's measurements of one system.
+type Sample struct {
+	Steps        int           `json:"steps"`
+	Elapsed      time.Duration `json:"elapsed_ns"`
+	CPU          time.Duration `json:"cpu_ns"` // user + system, whole process
+	StepLatency  []time.Duration `json:"-"`  // per step: from the previous step's completion (or the job's start) to this one's
+	JobLatency   []time.Duration `json:"-"`
+	Writes       uint64        `json:"js_writes"`     // messages stored in any stream (KV included)
+	Ops          uint64        `json:"js_ops"`        // client messages into the server: publishes, KV writes, acks, pulls, API calls
+	BytesWritten uint64        `json:"bytes_written"` // to storage, by this process
+	PeakRSS      uint64        `json:"peak_rss_bytes"`
+	PeakHeap     uint64        `json:"peak_heap_bytes"`
+}
+
+// Result is what Run reports: medians over the rounds.
+type Result struct {
+	Config Config `json:"config"`
+
+	StepsPerS      float64 `json:"steps_per_s"`
+	FloorStepsPerS float64 `json:"floor_steps_per_s"`
+
+	StepP50Ms      float64 `json:"step_p50_ms"`
+	StepP90Ms      float64 `json:"step_p90_ms"`
+	StepP99Ms      float64 `json:"step_p99_ms"`
+	StepMaxMs      float64 `json:"step_max_ms"`
+	FloorStepP50Ms float64 `json:"floor_step_p50_ms"`
+	FloorStepP90Ms float64 `json:"floor_step_p90_ms"`
+	FloorStepP99Ms float64 `json:"floor_step_p99_ms"`
+	FloorStepMaxMs float64 `json:"floor_step_max_ms"`
+	JobP50Ms       float64 `json:"job_p50_ms"`
+	JobP99Ms       float64 `json:"job_p99_ms"`
+	FloorJobP50Ms  float64 `json:"floor_job_p50_ms"`
+	FloorJobP99Ms  float64 `json:"floor_job_p99_ms"`
+
+	CPUUsPerStep      float64 `json:"cpu_us_per_step"`
+	FloorCPUUsPerStep float64 `json:"floor_cpu_us_per_step"`
+
+	JSOpsPerStep           float64 `json:"js_ops_per_step"`
+	FloorJSOpsPerStep      float64 `json:"floor_js_ops_per_step"`
+	JSWritesPerStep        float64 `json:"js_writes_per_step"`
+	FloorJSWritesPerStep   float64 `json:"floor_js_writes_per_step"`
+	BytesWrittenPerStep    float64 `json:"bytes_written_per_step"`
+	FloorBytesWrittenPerStep float64 `json:"floor_bytes_written_per_step"`
+
+	EnginePeakRSS  uint64 `json:"engine_peak_rss_bytes"` // the process running server, engine and worker
+	EnginePeakHeap uint64 `json:"engine_peak_heap_bytes"`
+	FloorPeakRSS   uint64 `json:"floor_peak_rss_bytes"`
+
+	ThroughputRatio float64 `json:"throughput_ratio"` // steps_per_s / floor_steps_per_s
+	LatencyRatio    float64 `json:"latency_ratio"`    // step_p50 / floor_step_p50
+	CPURatio        float64 `json:"cpu_ratio"`        // cpu_us_per_step / floor_cpu_us_per_step
+}
+
+// Run measures cfg.Rounds rounds of the engine and (if cfg.Floor) of the
+// floor, alternating, each on a fresh server, and returns the medians.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	dir := cfg.Dir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "waymark-bench-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	var ours, floors []Sample
+	for r := 0; r < cfg.Rounds; r++ {
+		if cfg.Floor {
+			s, err := measure(ctx, cfg, fmt.Sprintf("%s/floor-%d", dir, r), runFloor)
+			if err != nil {
+				return nil, fmt.Errorf("floor round %d: %w", r+1, err)
+			}
+			floors = append(floors, s)
+		}
+		if cfg.Engine {
+			s, err := measure(ctx, cfg, fmt.Sprintf("%s/engine-%d", dir, r), runEngine)
+			if err != nil {
+				return nil, fmt.Errorf("engine round %d: %w", r+1, err)
+			}
+			ours = append(ours, s)
+		}
+	}
+	return summarise(cfg, ours, floors), nil
+}
+
+// system runs cfg's jobs on srv and records per-step completion times in rec.
+type system func(ctx context.Context, cfg Config, srv *natsserver.Server, rec *recorder) error
+
+func measure(ctx context.Context, cfg Config, dir string, run system) (Sample, error) {
+	srv, err := natsserver.Start(natsserver.Config{DataDir: dir, Sync: cfg.Sync})
+	if err != nil {
+		return Sample{}, err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		srv.Stop(sctx)
+		cancel()
+		_ = os.RemoveAll(dir)
+	}()
+	runtime.GC()
+	resetPeakRSS()
+	rec := newRecorder(cfg)
+	heap := sampleHeap()
+	vz0, _ := srv.Varz(nil)
+	cpu0, io0 := cpuTime(), bytesWritten()
+	writes0 := streamWrites(ctx, srv)
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	err = run(rctx, cfg, srv, rec)
+	peakHeap := heap()
+	if err != nil {
+		return Sample{}, err
+	}
+	s := Sample{
+		Steps:        cfg.Jobs * cfg.Steps,
+		Elapsed:      rec.elapsed(),
+		CPU:          cpuTime() - cpu0,
+		BytesWritten: bytesWritten() - io0,
+		PeakRSS:      peakRSS(),
+		PeakHeap:     peakHeap,
+	}
+	s.StepLatency, s.JobLatency = rec.latencies()
+	if vz1, err := srv.Varz(nil); err == nil && vz0 != nil {
+		s.Ops = uint64(vz1.InMsgs - vz0.InMsgs)
+	}
+	s.Writes = streamWrites(ctx, srv) - writes0
+	return s, nil
+}
+
+// recorder collects completion times. Safe for concurrent use.
+type recorder struct {
+	mu      sync.Mutex
+	start   time.Time
+	end     time.Time
+	last    map[string]time.Time // job → previous event
+	begun   map[string]time.Time
+	steps   []time.Duration
+	jobs    []time.Duration
+	pending int
+	done    chan struct{}
+}
+
+func newRecorder(cfg Config) *recorder {
+	return &recorder{last: map[string]time.Time{}, begun: map[string]time.Time{},
+		steps: make([]time.Duration, 0, cfg.Jobs*cfg.Steps), pending: cfg.Jobs, done: make(chan struct{})}
+}
+
+func (r *recorder) began(job string) {
+	now := time.Now()
+	r.mu.Lock()
+	if r.start.IsZero() {
+		r.start = now
+	}
+	r.last[job], r.begun[job] = now, now
+	r.mu.Unlock()
+}
+
+// stepDone records a completed step; final marks the job's last.
+func (r *recorder) stepDone(job string, final bool) {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if prev, ok := r.last[job]; ok {
+		r.steps = append(r.steps, now.Sub(prev))
+	}
+	r.last[job] = now
+	if final {
+		r.jobs = append(r.jobs, now.Sub(r.begun[job]))
+		delete(r.last, job)
+		delete(r.begun, job)
+		r.pending--
+		if r.pending == 0 {
+			r.end = now
+			close(r.done)
+		}
+	}
+}
+
+func (r *recorder) wait(ctx context.Context) error {
+	select {
+	case <-r.done:
+		return nil
+	case <-ctx.Done():
+		r.mu.Lock()
+		n := r.pending
+		r.mu.Unlock()
+		return fmt.Errorf("%d jobs unfinished: %w", n, ctx.Err())
+	}
+}
+
+func (r *recorder) elapsed() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.end.Sub(r.start)
+}
+
+func (r *recorder) latencies() ([]time.Duration, []time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]time.Duration(nil), r.steps...), append([]time.Duration(nil), r.jobs...)
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// bytesWritten reads write_bytes from /proc/self/io: bytes this process
+// sent to the storage layer. 0 where unavailable.
+func bytesWritten() uint64 {
+	data, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "write_bytes: "); ok {
+			n, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// resetPeakRSS resets the kernel's peak resident set size of this process
+// (VmHWM), so that the next peakRSS covers only what follows.
+func resetPeakRSS() { _ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) }
+
+func peakRSS() uint64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			f := strings.Fields(v)
+			if len(f) >= 1 {
+				n, _ := strconv.ParseUint(f[0], 10, 64)
+				return n * 1024
+			}
+		}
+	}
+	return 0
+}
+
+// sampleHeap samples the Go heap every 50ms until the returned function is
+// called, which returns the peak.
+func sampleHeap() func() uint64 {
+	var mu sync.Mutex
+	var peak uint64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		var ms runtime.MemStats
+		for {
+			runtime.ReadMemStats(&ms)
+			mu.Lock()
+			peak = max(peak, ms.HeapInuse)
+			mu.Unlock()
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() uint64 {
+		close(stop)
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		return peak
+	}
+}
+
+// streamWrites sums the last sequence of every stream: messages ever
+// stored, KV writes included.
+func streamWrites(ctx context.Context, srv *natsserver.Server) uint64 {
+	nc, err := srv.Connect("bench-stats")
+	if err != nil {
+		return 0
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return 0
+	}
+	var total uint64
+	l := js.ListStreams(ctx)
+	for info := range l.Info() {
+		total += info.State.LastSeq
+	}
+	if err := l.Err(); err != nil && !errors.Is(err, jetstream.ErrEndOfData) {
+		return 0
+	}
+	return total
+}
+
+func percentile(ds []time.Duration, p float64) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := int(p * float64(len(s)-1))
+	return float64(s[i]) / float64(time.Millisecond)
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func summarise(cfg Config, ours, floors []Sample) *Result {
+	r := &Result{Config: cfg}
+	type agg struct {
+		sps, p50, p90, p99, pmax, j50, j99, cpu, ops, writes, bytes []float64
+		rss, heap                                               uint64
+	}
+	collect := func(ss []Sample) agg {
+		var a agg
+		for _, s := range ss {
+			n := float64(s.Steps)
+			a.sps = append(a.sps, n/s.Elapsed.Seconds())
+			a.p50 = append(a.p50, percentile(s.StepLatency, 0.50))
+			a.p90 = append(a.p90, percentile(s.StepLatency, 0.90))
+			a.p99 = append(a.p99, percentile(s.StepLatency, 0.99))
+			a.pmax = append(a.pmax, percentile(s.StepLatency, 1))
+			a.j50 = append(a.j50, percentile(s.JobLatency, 0.50))
+			a.j99 = append(a.j99, percentile(s.JobLatency, 0.99))
+			a.cpu = append(a.cpu, float64(s.CPU.Microseconds())/n)
+			a.ops = append(a.ops, float64(s.Ops)/n)
+			a.writes = append(a.writes, float64(s.Writes)/n)
+			a.bytes = append(a.bytes, float64(s.BytesWritten)/n)
+			a.rss = max(a.rss, s.PeakRSS)
+			a.heap = max(a.heap, s.PeakHeap)
+		}
+		return a
+	}
+	o, f := collect(ours), collect(floors)
+	r.StepsPerS, r.FloorStepsPerS = median(o.sps), median(f.sps)
+	r.StepP50Ms, r.StepP90Ms, r.StepP99Ms, r.StepMaxMs = median(o.p50), median(o.p90), median(o.p99), median(o.pmax)
+	r.FloorStepP50Ms, r.FloorStepP90Ms, r.FloorStepP99Ms, r.FloorStepMaxMs = median(f.p50), median(f.p90), median(f.p99), median(f.pmax)
+	r.JobP50Ms, r.JobP99Ms, r.FloorJobP50Ms, r.FloorJobP99Ms = median(o.j50), median(o.j99), median(f.j50), median(f.j99)
+	r.CPUUsPerStep, r.FloorCPUUsPerStep = median(o.cpu), median(f.cpu)
+	r.JSOpsPerStep, r.FloorJSOpsPerStep = median(o.ops), median(f.ops)
+	r.JSWritesPerStep, r.FloorJSWritesPerStep = median(o.writes), median(f.writes)
+	r.BytesWrittenPerStep, r.FloorBytesWrittenPerStep = median(o.bytes), median(f.bytes)
+	r.EnginePeakRSS, r.EnginePeakHeap, r.FloorPeakRSS = o.rss, o.heap, f.rss
+	ratio := func(a, b float64) float64 {
+		if b == 0 {
+			return 0
+		}
+		return a / b
+	}
+	r.ThroughputRatio = ratio(r.StepsPerS, r.FloorStepsPerS)
+	r.LatencyRatio = ratio(r.StepP50Ms, r.FloorStepP50Ms)
+	r.CPURatio = ratio(r.CPUUsPerStep, r.FloorCPUUsPerStep)
+	return r
+}

@@ -1,0 +1,173 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/waymark-dev/waymark/internal/natsserver"
+)
+
+// runFloor is the bare loop: per step one KV compare-and-swap of the
+// checkpoint (the payload), one publish of the step message (the payload,
+// with a dedup id), a pull and ack by a worker, one result publish, and a
+// consume and ack by the "engine" side. Written the plain way: every call
+// waits for its acknowledgement, and jobs run in parallel on goroutines.
+func runFloor(ctx context.Context, cfg Config, srv *natsserver.Server, rec *recorder) error {
+	nc, err := srv.Connect("floor")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	cps, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "floor_checkpoints", History: 1})
+	if err != nil {
+		return err
+	}
+	for _, sc := range []jetstream.StreamConfig{
+		{Name: "FLOOR_WORK", Subjects: []string{"floor.work"}, Retention: jetstream.WorkQueuePolicy, Duplicates: 2 * time.Minute},
+		{Name: "FLOOR_INBOX", Subjects: []string{"floor.inbox.*"}, Retention: jetstream.WorkQueuePolicy, Duplicates: 2 * time.Minute},
+	} {
+		if _, err := js.CreateStream(ctx, sc); err != nil {
+			return err
+		}
+	}
+	consumer := func(stream, name string) (jetstream.Consumer, error) {
+		return js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
+			Durable: name, AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 20000, AckWait: time.Minute,
+		})
+	}
+	wc, err := consumer("FLOOR_WORK", "floor-work")
+	if err != nil {
+		return err
+	}
+	ic, err := consumer("FLOOR_INBOX", "floor-engine")
+	if err != nil {
+		return err
+	}
+	payload := bytes.Repeat([]byte("x"), cfg.Payload)
+	var revs sync.Map // job → uint64
+	slots := make(chan struct{}, cfg.Concurrency)
+	errs := make(chan error, 1)
+	fail := func(err error) {
+		select {
+		case errs <- err:
+		default:
+		}
+	}
+	dispatch := func(job string, step int) error {
+		m := nats.NewMsg("floor.work")
+		m.Data = payload
+		m.Header.Set("Job", job)
+		m.Header.Set("Step", strconv.Itoa(step))
+		m.Header.Set(jetstream.MsgIDHeader, job+"/"+strconv.Itoa(step))
+		_, err := js.PublishMsg(ctx, m)
+		return err
+	}
+
+	workerSem := make(chan struct{}, cfg.Workers)
+	wcc, err := wc.Consume(func(m jetstream.Msg) {
+		workerSem <- struct{}{}
+		go func() {
+			defer func() { <-workerSem }()
+			job, step := m.Headers().Get("Job"), m.Headers().Get("Step")
+			r := nats.NewMsg("floor.inbox." + job)
+			r.Data = []byte(`{}`)
+			r.Header.Set("Step", step)
+			r.Header.Set(jetstream.MsgIDHeader, job+"/"+step+"/result")
+			if _, err := js.PublishMsg(ctx, r); err != nil {
+				fail(fmt.Errorf("floor worker: %w", err))
+				return
+			}
+			_ = m.Ack()
+		}()
+	})
+	if err != nil {
+		return err
+	}
+	defer wcc.Stop()
+
+	engineSem := make(chan struct{}, cfg.Concurrency)
+	icc, err := ic.Consume(func(m jetstream.Msg) {
+		engineSem <- struct{}{}
+		go func() {
+			defer func() { <-engineSem }()
+			job := m.Subject()[len("floor.inbox."):]
+			step, _ := strconv.Atoi(m.Headers().Get("Step"))
+			rv, _ := revs.Load(job)
+			rev, err := cps.Update(ctx, job, payload, rv.(uint64))
+			if err != nil {
+				fail(fmt.Errorf("floor checkpoint %s: %w", job, err))
+				return
+			}
+			revs.Store(job, rev)
+			final := step == cfg.Steps
+			if !final {
+				if err := dispatch(job, step+1); err != nil {
+					fail(err)
+					return
+				}
+			}
+			_ = m.Ack()
+			rec.stepDone(job, final)
+			if final {
+				<-slots
+			}
+		}()
+	})
+	if err != nil {
+		return err
+	}
+	defer icc.Stop()
+
+	go func() {
+		for i := 0; i < cfg.Jobs; i++ {
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			job := "job" + strconv.Itoa(i)
+			rec.began(job)
+			rev, err := cps.Create(ctx, job, payload)
+			if err != nil {
+				fail(err)
+				return
+			}
+			revs.Store(job, rev)
+			if err := dispatch(job, 1); err != nil {
+				fail(err)
+				return
+			}
+		}
+	}()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case err := <-errs:
+			_ = err
+			cancel()
+			errs <- err
+		case <-wctx.Done():
+		}
+	}()
+	if err := rec.wait(wctx); err != nil {
+		select {
+		case e := <-errs:
+			return e
+		default:
+		}
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,339 @@
+package schemas
+
+import (
+	"encoding/json"
+	"slices"
+	"strconv"
+	"time"
+	"unicode/utf8"
+)
+
+// The engine writes a checkpoint and a step message on every step, so they
+// are encoded by hand: appended to a buffer in one pass, with the state
+// (already compact JSON) copied as is, where encoding/json would validate
+// and compact every json.RawMessage again. The output is what json.Marshal
+// gives for the same value, field for field (tested both ways), and
+// json.Unmarshal reads it.
+
+// AppendJSON appends cp's JSON encoding to dst. cp.State must be valid
+// JSON (the engine only stores state it produced or validated).
+func (cp *Checkpoint) AppendJSON(dst []byte) []byte {
+	w := jsonw{b: dst}
+	w.open()
+	w.intField("schema", int64(cp.Schema))
+	w.strField("id", cp.JobID)
+	w.strField("workflow", cp.Workflow)
+	w.intField("version", int64(cp.Version))
+	w.strField("definition_hash", cp.DefinitionHash)
+	w.uintField("seq", cp.Seq)
+	w.strField("status", string(cp.Status))
+	if cp.InputDigest != "" {
+		w.strField("input_digest", cp.InputDigest)
+	}
+	w.rawField("state", cp.State)
+	if len(cp.Vars) > 0 {
+		w.key("vars")
+		w.strMap(cp.Vars)
+	}
+	if len(cp.Steps) > 0 {
+		w.key("steps")
+		w.b = append(w.b, '{')
+		for i, id := range sortedKeys(cp.Steps) {
+			if i > 0 {
+				w.b = append(w.b, ',')
+			}
+			w.str(id)
+			w.b = append(w.b, ':')
+			w.stepRecord(cp.Steps[id])
+		}
+		w.b = append(w.b, '}')
+	}
+	if cp.Current != nil {
+		w.key("current")
+		w.dispatch(cp.Current)
+	}
+	if cp.Cause != "" {
+		w.strField("cause", cp.Cause)
+	}
+	if len(cp.Events) > 0 {
+		w.key("events")
+		w.b = append(w.b, '[')
+		for i := range cp.Events {
+			if i > 0 {
+				w.b = append(w.b, ',')
+			}
+			w.event(&cp.Events[i])
+		}
+		w.b = append(w.b, ']')
+	}
+	w.intField("resume_count", int64(cp.ResumeCount))
+	if cp.ResumedBy != "" {
+		w.strField("resumed_by", cp.ResumedBy)
+	}
+	if cp.Error != nil {
+		w.key("error")
+		w.error(cp.Error)
+	}
+	if cp.Parent != "" {
+		w.strField("parent", cp.Parent)
+	}
+	w.timeField("created_at", cp.CreatedAt)
+	w.timeField("updated_at", cp.UpdatedAt)
+	if cp.CompletedAt != nil {
+		w.timeField("completed_at", *cp.CompletedAt)
+	}
+	w.close()
+	return w.b
+}
+
+// AppendJSON appends m's JSON encoding to dst. m.State must be valid JSON.
+func (m *StepMessage) AppendJSON(dst []byte) []byte {
+	w := jsonw{b: dst}
+	w.open()
+	w.strField("job", m.Job)
+	w.strField("step", m.Step)
+	w.intField("attempt", int64(m.Attempt))
+	w.intField("run_attempt", int64(m.RunAttempt))
+	w.strField("definition_hash", m.DefinitionHash)
+	w.rawField("state", m.State)
+	if len(m.Vars) > 0 {
+		w.key("vars")
+		w.strMap(m.Vars)
+	}
+	if m.NotBefore != nil {
+		w.timeField("not_before", *m.NotBefore)
+	}
+	w.strField("idempotency_key", m.IdempotencyKey)
+	w.close()
+	return w.b
+}
+
+// jsonw appends JSON to b, tracking whether a comma is due.
+type jsonw struct {
+	b     []byte
+	comma bool
+}
+
+func (w *jsonw) open()  { w.b = append(w.b, '{'); w.comma = false }
+func (w *jsonw) close() { w.b = append(w.b, '}'); w.comma = true }
+
+func (w *jsonw) key(k string) {
+	if w.comma {
+		w.b = append(w.b, ',')
+	}
+	w.b = append(w.b, '"')
+	w.b = append(w.b, k...) // keys are plain ASCII constants
+	w.b = append(w.b, '"', ':')
+	w.comma = true
+}
+
+func (w *jsonw) strField(k, v string) { w.key(k); w.str(v) }
+func (w *jsonw) intField(k string, v int64) {
+	w.key(k)
+	w.b = strconv.AppendInt(w.b, v, 10)
+}
+func (w *jsonw) uintField(k string, v uint64) {
+	w.key(k)
+	w.b = strconv.AppendUint(w.b, v, 10)
+}
+func (w *jsonw) boolField(k string, v bool) {
+	w.key(k)
+	w.b = strconv.AppendBool(w.b, v)
+}
+func (w *jsonw) rawField(k string, v json.RawMessage) {
+	w.key(k)
+	if len(v) == 0 {
+		w.b = append(w.b, "null"...)
+		return
+	}
+	w.b = append(w.b, v...)
+}
+func (w *jsonw) timeField(k string, t time.Time) {
+	w.key(k)
+	w.b = append(w.b, '"')
+	w.b = t.AppendFormat(w.b, time.RFC3339Nano)
+	w.b = append(w.b, '"')
+}
+
+func (w *jsonw) strMap(m map[string]string) {
+	w.b = append(w.b, '{')
+	for i, k := range sortedKeys(m) {
+		if i > 0 {
+			w.b = append(w.b, ',')
+		}
+		w.str(k)
+		w.b = append(w.b, ':')
+		w.str(m[k])
+	}
+	w.b = append(w.b, '}')
+}
+
+func (w *jsonw) stepRecord(r *StepRecord) {
+	w.open()
+	w.strField("status", string(r.Status))
+	w.intField("attempts", int64(r.Attempts))
+	w.intField("runs", int64(r.Runs))
+	if r.RunAttempt != 0 {
+		w.intField("run_attempt", int64(r.RunAttempt))
+	}
+	if r.ResultDigest != "" {
+		w.strField("result_digest", r.ResultDigest)
+	}
+	if r.LastError != nil {
+		w.key("last_error")
+		w.error(r.LastError)
+	}
+	if r.DurationMs != 0 {
+		w.intField("duration_ms", r.DurationMs)
+	}
+	if r.CompletedSeq != 0 {
+		w.uintField("completed_seq", r.CompletedSeq)
+	}
+	w.close()
+}
+
+func (w *jsonw) dispatch(d *Dispatch) {
+	w.open()
+	w.strField("step", d.Step)
+	w.intField("attempt", int64(d.Attempt))
+	w.intField("run_attempt", int64(d.RunAttempt))
+	w.strField("msg_id", d.MsgID)
+	w.strField("pool", d.Pool)
+	w.timeField("dispatched_at", d.DispatchedAt)
+	if d.NotBefore != nil {
+		w.timeField("not_before", *d.NotBefore)
+	}
+	w.close()
+}
+
+func (w *jsonw) error(e *Error) {
+	w.open()
+	w.strField("code", string(e.Code))
+	if e.Message != "" {
+		w.strField("message", e.Message)
+	}
+	if e.Job != "" {
+		w.strField("job", e.Job)
+	}
+	if e.Step != "" {
+		w.strField("step", e.Step)
+	}
+	if e.Attempt != 0 {
+		w.intField("attempt", int64(e.Attempt))
+	}
+	if e.Retryable {
+		w.boolField("retryable", true)
+	}
+	w.close()
+}
+
+func (w *jsonw) event(ev *Event) {
+	w.open()
+	w.strField("type", ev.Type)
+	w.timeField("time", ev.Time)
+	w.key("data")
+	w.historyData(&ev.Data)
+	w.close()
+}
+
+func (w *jsonw) historyData(d *HistoryData) {
+	w.open()
+	w.strField("job", d.Job)
+	w.uintField("seq", d.Seq)
+	if d.Step != "" {
+		w.strField("step", d.Step)
+	}
+	if d.Attempt != 0 {
+		w.intField("attempt", int64(d.Attempt))
+	}
+	if d.Status != "" {
+		w.strField("status", d.Status)
+	}
+	if d.DurationMs != 0 {
+		w.intField("duration_ms", d.DurationMs)
+	}
+	if d.Error != nil {
+		w.key("error")
+		w.error(d.Error)
+	}
+	if d.ResultDigest != "" {
+		w.strField("result_digest", d.ResultDigest)
+	}
+	if d.Retrying {
+		w.boolField("retrying", true)
+	}
+	if !d.NotBefore.IsZero() {
+		w.timeField("not_before", d.NotBefore)
+	}
+	if d.Reason != "" {
+		w.strField("reason", d.Reason)
+	}
+	if d.Next != "" {
+		w.strField("next", d.Next)
+	}
+	if len(d.Input) > 0 {
+		w.rawField("input", d.Input)
+	}
+	w.close()
+}
+
+// str appends s as a JSON string: ", \ and control characters escaped,
+// invalid UTF-8 replaced by U+FFFD, as encoding/json does (without its
+// HTML escaping, which JSON does not need).
+func (w *jsonw) str(s string) {
+	const hex = "0123456789abcdef"
+	b := append(w.b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
+	w.b = append(b, '"')
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

@@ -1,0 +1,132 @@
+package schemas
+
+import (
+	"bytes"
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func sampleCheckpoint() *Checkpoint {
+	t0 := time.Date(2026, 11, 29, 8, 0, 0, 123456789, time.UTC)
+	nb := t0.Add(time.Second)
+	done := t0.Add(time.Minute)
+	return &Checkpoint{
+		Schema: CheckpointSchema, JobID: "job-1", Workflow: "w", Version: 3, DefinitionHash: strings.Repeat("ab", 32),
+		Seq: 7, Status: JobRunning, InputDigest: "d1",
+		State: json.RawMessage(`{"a":[1,2,{"b":"c\u00e9\n"}],"z":null}`),
+		Vars:  map[string]string{"region": "eu", "quote": "say \"hi\"\t<ok>", "bad": "\xff\x00\u2028"},
+		Steps: map[string]*StepRecord{
+			"b": {Status: StepDispatched, Attempts: 2, Runs: 1, RunAttempt: 2, LastError: &Error{Code: CodeProvider, Message: "503", Retryable: true}},
+			"a": {Status: StepCompleted, Attempts: 1, Runs: 1, ResultDigest: "ff", DurationMs: 12, CompletedSeq: 3},
+		},
+		Current: &Dispatch{Step: "b", Attempt: 2, RunAttempt: 2, MsgID: "job-1/b/2", Pool: "default", DispatchedAt: t0, NotBefore: &nb},
+		Cause:   "job-1/b/1/result",
+		Events: []Event{
+			{Type: EventStepFailed, Time: t0, Data: HistoryData{Job: "job-1", Seq: 7, Step: "b", Attempt: 1, Error: &Error{Code: CodeTimeout, Message: "slow", Job: "job-1", Step: "b", Attempt: 1, Retryable: true}, Retrying: true, NotBefore: nb}},
+			{Type: EventJobStarted, Time: t0, Data: HistoryData{Job: "job-1", Seq: 1, Status: "running", Input: json.RawMessage(`{"x":1}`), Reason: "r", Next: "n", ResultDigest: "d", DurationMs: 5}},
+		},
+		ResumeCount: 2, ResumedBy: "inc", Error: &Error{Code: CodeStepFailed, Message: "m"},
+		Parent: "p", CreatedAt: t0, UpdatedAt: t0.Add(time.Hour), CompletedAt: &done,
+	}
+}
+
+func TestAppendJSONMatchesEncodingJSON(t *testing.T) {
+	t.Parallel()
+	for name, cp := range map[string]*Checkpoint{
+		"full":    sampleCheckpoint(),
+		"minimal": {Schema: 1, JobID: "j", Seq: 1, Status: JobCompleted, State: json.RawMessage(`{}`)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			got := cp.AppendJSON(nil)
+			if !json.Valid(got) {
+				t.Fatalf("not valid JSON: %s", got)
+			}
+			var viaOurs, viaStd Checkpoint
+			if err := json.Unmarshal(got, &viaOurs); err != nil {
+				t.Fatal(err)
+			}
+			std, err := json.Marshal(cp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := json.Unmarshal(std, &viaStd); err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(viaOurs, viaStd) {
+				t.Fatalf("decoded values differ\nours: %s\nstd:  %s", got, std)
+			}
+			// Byte for byte too, once encoding/json's HTML escaping is undone.
+			std = []byte(strings.NewReplacer(`\u003c`, "<", `\u003e`, ">", `\u0026`, "&").Replace(string(std)))
+			if !bytes.Equal(got, std) {
+				t.Errorf("encodings differ\nours: %s\nstd:  %s", got, std)
+			}
+		})
+	}
+}
+
+func TestStepMessageAppendJSON(t *testing.T) {
+	t.Parallel()
+	nb := time.Date(2026, 1, 2, 3, 4, 5, 6, time.FixedZone("x", 3600))
+	m := &StepMessage{Job: "j", Step: "s", Attempt: 3, RunAttempt: 1, DefinitionHash: "h", State: json.RawMessage(`{"k":"v"}`),
+		Vars: map[string]string{"a": "b"}, NotBefore: &nb, IdempotencyKey: "j/s"}
+	got := m.AppendJSON(nil)
+	std, _ := json.Marshal(m)
+	if !bytes.Equal(got, std) {
+		t.Fatalf("ours %s\nstd  %s", got, std)
+	}
+}
+
+func FuzzAppendString(f *testing.F) {
+	for _, s := range []string{"", "plain", "quote\"back\\slash", "\x00\x1f\x7f", "é\u2028\u2029", "\xff\xfe", "<&>"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		w := jsonw{}
+		w.str(s)
+		var got string
+		if err := json.Unmarshal(w.b, &got); err != nil {
+			t.Fatalf("%q encodes to invalid JSON %s: %v", s, w.b, err)
+		}
+		std, _ := json.Marshal(s)
+		var want string
+		_ = json.Unmarshal(std, &want)
+		if got != want {
+			t.Fatalf("%q: decodes to %q, encoding/json's to %q", s, got, want)
+		}
+	})
+}
+
+func BenchmarkCheckpointEncode(b *testing.B) {
+	cp := sampleCheckpoint()
+	cp.State = json.RawMessage(`{"payload":"` + strings.Repeat("x", 1024) + `"}`)
+	b.Run("append", func(b *testing.B) {
+		b.ReportAllocs()
+		buf := make([]byte, 0, 4096)
+		for b.Loop() {
+			buf = cp.AppendJSON(buf[:0])
+		}
+	})
+	b.Run("encoding-json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_, _ = json.Marshal(cp)
+		}
+	})
+}
+
+func BenchmarkCheckpointDecode(b *testing.B) {
+	cp := sampleCheckpoint()
+	cp.State = json.RawMessage(`{"payload":"` + strings.Repeat("x", 1024) + `"}`)
+	data := cp.AppendJSON(nil)
+	b.ReportAllocs()
+	for b.Loop() {
+		var c Checkpoint
+		if err := json.Unmarshal(data, &c); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

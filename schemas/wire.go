@@ -1,0 +1,176 @@
+package schemas
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// Step messages and results travel in binary mode, as CloudEvents' NATS
+// binding does: the small attributes in message headers, the payload (the
+// job's state, the step's output) as the body, untouched. A worker whose
+// step does not read the state never parses it, and no one re-encodes it.
+//
+// The header map is a NATS header (nats.Header is a map[string][]string
+// whose keys are case-sensitive).
+
+// Header names.
+const (
+	HeaderJob            = "Waymark-Job"
+	HeaderStep           = "Waymark-Step"
+	HeaderAttempt        = "Waymark-Attempt"
+	HeaderRunAttempt     = "Waymark-Run-Attempt"
+	HeaderDefinition     = "Waymark-Definition"
+	HeaderNotBefore      = "Waymark-Not-Before" // RFC 3339 with nanoseconds
+	HeaderIdempotencyKey = "Waymark-Idempotency-Key"
+	HeaderVars           = "Waymark-Vars" // JSON object of strings
+	HeaderOutcome        = "Waymark-Outcome"
+	HeaderDurationMs     = "Waymark-Duration-Ms"
+	HeaderRedelivered    = "Waymark-Redelivered"
+	HeaderWorker         = "Waymark-Worker"
+)
+
+// Outcomes of a result.
+const (
+	OutcomeOK    = "ok"    // the body is the step's output
+	OutcomeError = "error" // the body is the *Error as JSON
+)
+
+// EncodeStepMessage writes m's attributes into h and returns the body.
+func EncodeStepMessage(m *StepMessage, h map[string][]string) ([]byte, error) {
+	set := func(k, v string) { h[k] = []string{v} }
+	set(HeaderJob, m.Job)
+	set(HeaderStep, m.Step)
+	set(HeaderAttempt, strconv.Itoa(m.Attempt))
+	set(HeaderRunAttempt, strconv.Itoa(m.RunAttempt))
+	set(HeaderDefinition, m.DefinitionHash)
+	set(HeaderIdempotencyKey, m.IdempotencyKey)
+	if m.NotBefore != nil {
+		set(HeaderNotBefore, m.NotBefore.UTC().Format(time.RFC3339Nano))
+	}
+	if len(m.Vars) > 0 {
+		w := jsonw{}
+		w.strMap(m.Vars)
+		set(HeaderVars, string(w.b))
+	}
+	if len(m.State) == 0 {
+		return []byte("{}"), nil
+	}
+	return m.State, nil
+}
+
+// DecodeStepMessage reads a step message from its headers and body. The
+// returned State aliases body. Errors name the missing or bad attribute.
+func DecodeStepMessage(h map[string][]string, body []byte) (*StepMessage, error) {
+	get := func(k string) string {
+		if v := h[k]; len(v) > 0 {
+			return v[0]
+		}
+		return ""
+	}
+	m := &StepMessage{Job: get(HeaderJob), Step: get(HeaderStep), DefinitionHash: get(HeaderDefinition),
+		IdempotencyKey: get(HeaderIdempotencyKey), State: body}
+	var err error
+	if m.Attempt, err = positive(get(HeaderAttempt)); err != nil {
+		return nil, fmt.Errorf("step message: %s: %w", HeaderAttempt, err)
+	}
+	if m.RunAttempt, err = positive(get(HeaderRunAttempt)); err != nil {
+		return nil, fmt.Errorf("step message: %s: %w", HeaderRunAttempt, err)
+	}
+	switch {
+	case m.Job == "":
+		return nil, fmt.Errorf("step message: no %s header", HeaderJob)
+	case m.Step == "":
+		return nil, fmt.Errorf("step message: no %s header", HeaderStep)
+	case m.DefinitionHash == "":
+		return nil, fmt.Errorf("step message: no %s header", HeaderDefinition)
+	}
+	if s := get(HeaderNotBefore); s != "" {
+		t, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			return nil, fmt.Errorf("step message: %s: %w", HeaderNotBefore, err)
+		}
+		m.NotBefore = &t
+	}
+	if s := get(HeaderVars); s != "" {
+		if err := json.Unmarshal([]byte(s), &m.Vars); err != nil {
+			return nil, fmt.Errorf("step message: %s: %w", HeaderVars, err)
+		}
+	}
+	return m, nil
+}
+
+// EncodeStepResult writes r's attributes into h and returns the body: the
+// output, or the error as JSON.
+func EncodeStepResult(r *StepResult, h map[string][]string) ([]byte, error) {
+	set := func(k, v string) { h[k] = []string{v} }
+	set(HeaderJob, r.Job)
+	set(HeaderStep, r.Step)
+	set(HeaderAttempt, strconv.Itoa(r.Attempt))
+	set(HeaderDurationMs, strconv.FormatInt(r.DurationMs, 10))
+	if r.Redelivered {
+		set(HeaderRedelivered, "true")
+	}
+	if r.Worker != "" {
+		set(HeaderWorker, r.Worker)
+	}
+	if r.Error != nil {
+		set(HeaderOutcome, OutcomeError)
+		w := jsonw{}
+		w.error(r.Error)
+		return w.b, nil
+	}
+	set(HeaderOutcome, OutcomeOK)
+	if len(r.Output) == 0 {
+		return []byte("null"), nil
+	}
+	return r.Output, nil
+}
+
+// DecodeStepResult reads a step result from its headers and body. The
+// returned Output aliases body.
+func DecodeStepResult(h map[string][]string, body []byte) (*StepResult, error) {
+	get := func(k string) string {
+		if v := h[k]; len(v) > 0 {
+			return v[0]
+		}
+		return ""
+	}
+	r := &StepResult{Job: get(HeaderJob), Step: get(HeaderStep), Worker: get(HeaderWorker), Redelivered: get(HeaderRedelivered) == "true"}
+	var err error
+	if r.Attempt, err = positive(get(HeaderAttempt)); err != nil {
+		return nil, fmt.Errorf("step result: %s: %w", HeaderAttempt, err)
+	}
+	if s := get(HeaderDurationMs); s != "" {
+		if r.DurationMs, err = strconv.ParseInt(s, 10, 64); err != nil {
+			return nil, fmt.Errorf("step result: %s: %w", HeaderDurationMs, err)
+		}
+	}
+	if r.Job == "" || r.Step == "" {
+		return nil, fmt.Errorf("step result: no %s or %s header", HeaderJob, HeaderStep)
+	}
+	switch get(HeaderOutcome) {
+	case OutcomeOK:
+		r.Output = body
+	case OutcomeError:
+		r.Error = &Error{}
+		if err := json.Unmarshal(body, r.Error); err != nil || r.Error.Code == "" {
+			return nil, fmt.Errorf("step result: error body is not an error object: %v", err)
+		}
+	default:
+		return nil, fmt.Errorf("step result: %s is %q, want %q or %q", HeaderOutcome, get(HeaderOutcome), OutcomeOK, OutcomeError)
+	}
+	return r, nil
+}
+
+func positive(s string) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a number", s)
+	}
+	if n < 1 {
+		return 0, fmt.Errorf("%d is below 1", n)
+	}
+	return n, nil
+}

@@ -1,0 +1,428 @@
+package steps
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// secret is a credential in a query string; no error message may show it.
+const secret = "s3cret-token"
+
+const httpWorkflow = `
+name: tickets
+version: 1
+steps:
+  - id: file
+    kind: http
+    with:
+      url: '{{service "tickets"}}/tickets?token=` + secret + `'
+      headers:
+        X-Job: "{{.job}}"
+        X-Attempt: "{{.attempt}}"
+      body: '{"title": {{json .state.title}}, "severity": {{json .state.severity}}, "n": {{.state.n}}}'
+  - id: get
+    kind: http
+    with:
+      url: '{{service "tickets"}}/tickets/{{.state.id}}'
+  - id: put
+    kind: http
+    with:
+      method: PUT
+      url: '{{service "tickets"}}/tickets/{{.state.id}}'
+      body: '{"closed": true}'
+  - id: unquoted
+    kind: http
+    with:
+      url: '{{service "tickets"}}/tickets'
+      body: '{"title": {{.state.title}}}'
+  - id: billing
+    kind: http
+    with:
+      url: '{{service "billing"}}/charge'
+      body: '{}'
+  - id: typo
+    kind: http
+    with:
+      url: '{{service "tickets"}}/tickets/{{.state.ticket}}'
+  - id: raw
+    kind: http
+    with:
+      url: 'http://127.0.0.1:1/{{.state.path}}?token=` + secret + `'
+      body: '{}'
+`
+
+const httpState = `{"title": "Crash \"on\" <launch> & more", "severity": "high", "n": 3, "id": "T-9"}`
+
+// seenRequest is what the test server received.
+type seenRequest struct {
+	Method, Path, RawQuery string
+	RemoteAddr             string // the client's end of the connection
+	Header                 http.Header
+	Body                   []byte
+}
+
+// httpBundle is a ticket service that answers with respond (n counts
+// requests from 1) and an Env that names it "tickets".
+type httpBundle struct {
+	srv *httptest.Server
+	env *Env
+	def *schemas.Definition
+
+	mu   sync.Mutex
+	reqs []seenRequest
+}
+
+func setupHTTP(t *testing.T, respond func(n int, w http.ResponseWriter, r *http.Request)) *httpBundle {
+	t.Helper()
+	b := &httpBundle{def: parseDef(t, httpWorkflow)}
+	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		b.mu.Lock()
+		b.reqs = append(b.reqs, seenRequest{Method: r.Method, Path: r.URL.Path, RawQuery: r.URL.RawQuery, RemoteAddr: r.RemoteAddr, Header: r.Header.Clone(), Body: body})
+		n := len(b.reqs)
+		b.mu.Unlock()
+		respond(n, w, r)
+	}))
+	t.Cleanup(b.srv.Close)
+	b.env = &Env{Services: map[string]string{"tickets": b.srv.URL + "/", "audit": "http://audit.test"}, HTTPClient: b.srv.Client()}
+	return b
+}
+
+func (b *httpBundle) requests() []seenRequest {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]seenRequest(nil), b.reqs...)
+}
+
+func (b *httpBundle) run(t *testing.T, ctx context.Context, step, state string) (any, error) {
+	t.Helper()
+	return mustPrepare(t, b.def, step, b.env).Run(ctx, newCall(b.def, step, state))
+}
+
+func replyJSON(status int, body string) func(int, http.ResponseWriter, *http.Request) {
+	return func(_ int, w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = io.WriteString(w, body)
+	}
+}
+
+func TestHTTPSendsRenderedBody(t *testing.T) {
+	t.Parallel()
+	b := setupHTTP(t, replyJSON(http.StatusOK, `{"id": "T-1", "created": true}`))
+	out, err := b.run(t, t.Context(), "file", httpState)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if got, _ := json.Marshal(out); string(got) != `{"id":"T-1","created":true}` {
+		t.Errorf("output = %s, want the response body", got)
+	}
+	reqs := b.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("server got %d requests, want 1", len(reqs))
+	}
+	r := reqs[0]
+	if r.Method != http.MethodPost || r.Path != "/tickets" || r.RawQuery != "token="+secret {
+		t.Errorf("request = %s %s?%s, want POST /tickets?token=...", r.Method, r.Path, r.RawQuery)
+	}
+	for h, want := range map[string]string{
+		"Content-Type":    "application/json",
+		"Accept":          "application/json",
+		"Idempotency-Key": "job-1/file/run-1",
+		"X-Job":           "job-1",
+		"X-Attempt":       "1",
+	} {
+		if got := r.Header.Get(h); got != want {
+			t.Errorf("header %s = %q, want %q", h, got, want)
+		}
+	}
+	var body map[string]any
+	if err := json.Unmarshal(r.Body, &body); err != nil {
+		t.Fatalf("body %q is not JSON: %v", r.Body, err)
+	}
+	want := map[string]any{"title": `Crash "on" <launch> & more`, "severity": "high", "n": 3.0}
+	if !reflect.DeepEqual(body, want) {
+		t.Errorf("body = %v, want %v", body, want)
+	}
+}
+
+func TestHTTPMethods(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		step, wantMethod, wantContentType, wantBody string
+	}{
+		{step: "get", wantMethod: http.MethodGet},
+		{step: "put", wantMethod: http.MethodPut, wantContentType: "application/json", wantBody: `{"closed": true}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.step, func(t *testing.T) {
+			t.Parallel()
+			b := setupHTTP(t, replyJSON(http.StatusOK, `{"id": "T-9"}`))
+			if _, err := b.run(t, t.Context(), tt.step, httpState); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			r := b.requests()[0]
+			if r.Method != tt.wantMethod || r.Path != "/tickets/T-9" || r.Header.Get("Content-Type") != tt.wantContentType || string(r.Body) != tt.wantBody {
+				t.Errorf("request = %s %s, Content-Type %q, body %q; want %s, %q, %q",
+					r.Method, r.Path, r.Header.Get("Content-Type"), r.Body, tt.wantMethod, tt.wantContentType, tt.wantBody)
+			}
+			if r.Header.Get("Idempotency-Key") != "job-1/"+tt.step+"/run-1" {
+				t.Errorf("Idempotency-Key = %q", r.Header.Get("Idempotency-Key"))
+			}
+		})
+	}
+}
+
+func TestHTTPIdempotencyKeyOnEveryAttempt(t *testing.T) {
+	t.Parallel()
+	b := setupHTTP(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n < 3 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		replyJSON(http.StatusCreated, `{"id": "T-1"}`)(n, w, r)
+	})
+	r := mustPrepare(t, b.def, "file", b.env)
+	const key = "job-7/file/run-1"
+	for attempt := 1; attempt <= 3; attempt++ {
+		c := newCall(b.def, "file", httpState)
+		c.Attempt, c.RunAttempt, c.IdempotencyKey = attempt+4, attempt, key
+		_, err := r.Run(t.Context(), c)
+		if attempt < 3 {
+			wantStepError(t, err, schemas.CodeProvider, true, "status 503")
+			continue
+		}
+		if err != nil {
+			t.Fatalf("attempt 3: %v", err)
+		}
+	}
+	reqs := b.requests()
+	if len(reqs) != 3 {
+		t.Fatalf("server got %d requests, want 3", len(reqs))
+	}
+	for i, req := range reqs {
+		if got := req.Header.Values("Idempotency-Key"); len(got) != 1 || got[0] != key {
+			t.Errorf("attempt %d: Idempotency-Key = %q, want exactly %q", i+1, got, key)
+		}
+		if got, want := req.Header.Get("X-Attempt"), string(rune('1'+i)); got != want {
+			t.Errorf("attempt %d: X-Attempt = %q, want %q", i+1, got, want)
+		}
+	}
+}
+
+func TestHTTPStatus(t *testing.T) {
+	t.Parallel()
+	big := `{"pad": "` + strings.Repeat("x", MaxHTTPResponseBytes) + `"}`
+	tests := []struct {
+		name          string
+		status        int
+		body          string
+		want          string
+		wantCode      schemas.Code
+		wantRetryable bool
+		wantMessage   []string
+	}{
+		{name: "200 JSON", status: 200, body: `{"id": "T-1"}`, want: `{"id":"T-1"}`},
+		{name: "200 JSON array", status: 200, body: `[1, 2]`, want: `[1,2]`},
+		{name: "201 empty body", status: 201, body: ``, want: `{}`},
+		{name: "202 blank body", status: 202, body: " \n", want: `{}`},
+		{name: "204 no content", status: 204, want: `{}`},
+		{name: "200 not JSON", status: 200, body: `<html>ok</html>`,
+			wantCode: schemas.CodeOutputInvalid, wantMessage: []string{"response is not JSON", "<html>ok</html>"}},
+		{name: "200 over the size limit", status: 200, body: big,
+			wantCode: schemas.CodeTooLarge, wantMessage: []string{"response over 1048576 bytes"}},
+		{name: "400", status: 400, body: `{"error": "title too long"}`,
+			wantCode: schemas.CodeProvider, wantMessage: []string{"status 400", "title too long"}},
+		{name: "401", status: 401, wantCode: schemas.CodeProvider, wantMessage: []string{"status 401"}},
+		{name: "404", status: 404, wantCode: schemas.CodeProvider, wantMessage: []string{"status 404"}},
+		{name: "408", status: 408, wantCode: schemas.CodeProvider, wantRetryable: true},
+		{name: "409 same key in progress", status: 409, wantCode: schemas.CodeProvider, wantRetryable: true, wantMessage: []string{"status 409"}},
+		{name: "425", status: 425, wantCode: schemas.CodeProvider, wantRetryable: true},
+		{name: "429", status: 429, body: "slow down", wantCode: schemas.CodeProvider, wantRetryable: true, wantMessage: []string{"status 429: slow down"}},
+		{name: "500", status: 500, wantCode: schemas.CodeProvider, wantRetryable: true, wantMessage: []string{"status 500"}},
+		{name: "503", status: 503, wantCode: schemas.CodeProvider, wantRetryable: true, wantMessage: []string{"status 503"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b := setupHTTP(t, replyJSON(tt.status, tt.body))
+			out, err := b.run(t, t.Context(), "file", httpState)
+			if tt.wantCode == "" {
+				if err != nil {
+					t.Fatalf("Run: %v", err)
+				}
+				if got, _ := json.Marshal(out); string(got) != tt.want {
+					t.Errorf("output = %s, want %s", got, tt.want)
+				}
+				return
+			}
+			e := wantStepError(t, err, tt.wantCode, tt.wantRetryable, append(tt.wantMessage, "POST http://", "/tickets?…")...)
+			if strings.Contains(e.Message, secret) {
+				t.Errorf("message %q shows the query string", e.Message)
+			}
+			if len(e.Message) > 1000 {
+				t.Errorf("message is %d bytes; a response body must be quoted only in part", len(e.Message))
+			}
+		})
+	}
+}
+
+func TestHTTPRunErrors(t *testing.T) {
+	t.Parallel()
+	hang := func(_ int, _ http.ResponseWriter, r *http.Request) { <-r.Context().Done() }
+	tests := []struct {
+		name          string
+		step          string
+		state         string // default httpState
+		respond       func(int, http.ResponseWriter, *http.Request)
+		down          bool // the service is not listening
+		timeout       time.Duration
+		wantCode      schemas.Code
+		wantRetryable bool
+		wantMessage   []string
+		wantRequests  int
+	}{
+		{name: "unknown service", step: "billing", wantCode: schemas.CodeStepFailed,
+			wantMessage: []string{`no service named "billing"`, "known: audit, tickets"}},
+		{name: "rendered body is not JSON", step: "unquoted", wantCode: schemas.CodeStepFailed,
+			wantMessage: []string{"rendered body is not JSON", `{"title": Crash "on"`}},
+		{name: "missing key in the URL", step: "typo", wantCode: schemas.CodeStepFailed,
+			wantMessage: []string{`map has no entry for key "ticket"`}},
+		{name: "URL that does not parse", step: "raw", state: `{"path": "%zz"}`, wantCode: schemas.CodeStepFailed,
+			wantMessage: []string{"build request POST http://127.0.0.1:1/%zz?…", `invalid URL escape "%zz"`}},
+		{name: "connection refused", step: "file", down: true, wantCode: schemas.CodeProvider, wantRetryable: true,
+			wantMessage: []string{"POST http://", "/tickets?…", "connection refused"}},
+		{name: "context deadline", step: "file", respond: hang, timeout: 100 * time.Millisecond, wantCode: schemas.CodeProvider, wantRetryable: true,
+			wantMessage: []string{"POST http://", "/tickets?…", "context deadline exceeded"}, wantRequests: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			respond := tt.respond
+			if respond == nil {
+				respond = replyJSON(200, `{}`)
+			}
+			b := setupHTTP(t, respond)
+			if tt.down {
+				b.srv.Close()
+			}
+			ctx := t.Context()
+			if tt.timeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, tt.timeout)
+				defer cancel()
+			}
+			state := tt.state
+			if state == "" {
+				state = httpState
+			}
+			_, err := b.run(t, ctx, tt.step, state)
+			e := wantStepError(t, err, tt.wantCode, tt.wantRetryable, tt.wantMessage...)
+			if strings.Contains(e.Message, secret) {
+				t.Errorf("message %q shows the query string", e.Message)
+			}
+			if n := len(b.requests()); n != tt.wantRequests {
+				t.Errorf("server got %d requests, want %d", n, tt.wantRequests)
+			}
+		})
+	}
+}
+
+func TestHTTPPrepare(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, with, wantErr string
+	}{
+		{name: "Idempotency-Key header", with: `{"url": "http://x", "headers": {"Idempotency-Key": "k"}}`, wantErr: "header Idempotency-Key is set by Waymark"},
+		{name: "idempotency-key in lower case", with: `{"url": "http://x", "headers": {"idempotency-key": "{{.job}}"}}`, wantErr: "header Idempotency-Key is set by Waymark"},
+		{name: "broken URL template", with: `{"url": "{{service"}`, wantErr: "template s.url"},
+		{name: "broken body template", with: `{"url": "http://x", "body": "{{.state"}`, wantErr: "template s.body"},
+		{name: "broken header template", with: `{"url": "http://x", "headers": {"X-A": "{{"}}`, wantErr: "template s.headers.X-A"},
+		{name: "unknown setting", with: `{"url": "http://x", "timeout": "1s"}`, wantErr: `unknown field "timeout"`},
+		{name: "fine", with: `{"url": "http://x", "headers": {"X-Idem": "{{.idempotency_key}}"}}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			def := &schemas.Definition{Name: "p", Version: 1, Steps: []schemas.Step{{ID: "s", Kind: schemas.KindHTTP, With: json.RawMessage(tt.with)}}}
+			_, err := prepareStep(t, def, "s", nil)
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("Prepare: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("Prepare = %v, want an error containing %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// TestHTTPNotResentAfterCommit: a server that reads a request (and may have
+// acted on it) and then drops a reused keep-alive connection must see the
+// request once. net/http would otherwise resend it by itself, because it
+// carries an Idempotency-Key; Waymark owns retries, and decides with the
+// effect ledger whether to ask again.
+func TestHTTPNotResentAfterCommit(t *testing.T) {
+	t.Parallel()
+	b := setupHTTP(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n != 2 {
+			replyJSON(http.StatusOK, `{"id": "T-1"}`)(n, w, r)
+			return
+		}
+		// Committed: the body has been read. Now the connection dies
+		// before any response byte.
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Errorf("hijack: %v", err)
+			return
+		}
+		_ = conn.Close()
+	})
+	r := mustPrepare(t, b.def, "file", b.env)
+
+	// The first call leaves an idle keep-alive connection in the client.
+	if _, err := r.Run(t.Context(), newCall(b.def, "file", httpState)); err != nil {
+		t.Fatalf("first call: %v", err)
+	}
+	// The second reuses it, and the server drops it after reading.
+	_, err := r.Run(t.Context(), newCall(b.def, "file", httpState))
+	reqs := b.requests()
+	if len(reqs) != 2 {
+		t.Fatalf("server got %d requests, want 2: the transport resent the dropped POST on its own", len(reqs))
+	}
+	if reqs[0].RemoteAddr != reqs[1].RemoteAddr {
+		t.Fatalf("the second request came on a new connection (%s, then %s); the test needs a reused one", reqs[0].RemoteAddr, reqs[1].RemoteAddr)
+	}
+	wantStepError(t, err, schemas.CodeProvider, true, "POST http://")
+	for i, req := range reqs {
+		if req.Method != http.MethodPost || req.Header.Get("Idempotency-Key") == "" {
+			t.Errorf("request %d = %s with Idempotency-Key %q", i+1, req.Method, req.Header.Get("Idempotency-Key"))
+		}
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"http://h/p":            "http://h/p",
+		"http://h/p?token=x":    "http://h/p?…",
+		"http://h/p#frag":       "http://h/p?…",
+		"https://h/a/b?x=1#y=2": "https://h/a/b?…",
+	} {
+		if got := redactURL(in); got != want {
+			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
