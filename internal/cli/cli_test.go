@@ -235,3 +235,82 @@ func TestValidateAcceptsTheExamples(t *testing.T) {
 		t.Fatalf("exit %d\n%s%s", code, out, errOut)
 	}
 }
+
+func TestModelRepliesThatAreNotJSONOrBreakTheSchemaAreRetried(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.json")
+	if err := os.WriteFile(in, []byte(`{"text": "both"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := execute(t, "run", "testdata/model-retry.yaml", "--input", in, "--data-dir", dir,
+		"--sync", "interval", "--output", "json")
+	if code != 1 || !strings.Contains(errOut, "stubborn") || !strings.Contains(errOut, "confidence") {
+		t.Fatalf("exit %d, want 1 naming the step and the schema problem\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	var v engine.JobView
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatalf("output: %v\n%s", err, out)
+	}
+	steps := map[string]engine.StepView{}
+	for _, s := range v.Steps {
+		steps[s.ID] = s
+	}
+	// flaky: a reply that is not JSON, then one that breaks the schema, then a good one.
+	if s := steps["flaky"]; s.Status != schemas.StepCompleted || s.Attempts != 3 {
+		t.Errorf("flaky = %+v, want completed on the third attempt", s)
+	}
+	// stubborn: the same schema violation three times fails the job.
+	if s := steps["stubborn"]; s.Status != schemas.StepFailed || s.Attempts != 3 || s.LastError == nil ||
+		s.LastError.Code != schemas.CodeOutputInvalid || !strings.Contains(s.LastError.Message, "confidence") {
+		t.Errorf("stubborn = %+v, want failed after 3 attempts quoting the schema", s)
+	}
+	if v.Status != schemas.JobFailed || v.Error == nil || v.Error.Step != "stubborn" {
+		t.Errorf("job = %s %+v", v.Status, v.Error)
+	}
+	// The state before the failure is intact.
+	var compact bytes.Buffer
+	_ = json.Compact(&compact, v.State)
+	v.State = compact.Bytes()
+	if !strings.Contains(string(v.State), `"prepared":true`) || !strings.Contains(string(v.State), `"confidence":0.92`) ||
+		strings.Contains(string(v.State), "second") {
+		t.Errorf("state = %s", v.State)
+	}
+
+	// The history tells the story: the two failed attempts of flaky, with reasons.
+	nc, srvStop := openDataDir(t, dir)
+	defer srvStop()
+	evs, err := engine.NewClient(nc).History(context.Background(), v.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reasons []string
+	for _, e := range evs {
+		if e.Type == schemas.EventStepFailed && e.Data.Step == "flaky" {
+			reasons = append(reasons, string(e.Data.Error.Code))
+		}
+	}
+	if strings.Join(reasons, ",") != "reply_not_json,output_invalid" {
+		t.Errorf("flaky's failures = %v, want reply_not_json then output_invalid", reasons)
+	}
+}
+
+// openDataDir starts a server on a data directory a finished run left and
+// opens the store.
+func openDataDir(t *testing.T, dir string) (*kv.Store, func()) {
+	t.Helper()
+	srv, err := natsserver.Start(natsserver.Config{DataDir: dir, Sync: natsserver.SyncInterval})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := srv.Connect("check")
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	st, err := kv.Open(context.Background(), js, kv.Config{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, func() { nc.Close(); srv.Stop(context.Background()) }
+}
