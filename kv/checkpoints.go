@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"strconv"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -82,7 +84,8 @@ func (c *Checkpoints) Encode(cp *schemas.Checkpoint) ([]byte, error) {
 }
 
 // Create stores cp for a new job and returns its revision. Errors:
-// schemas.ErrConflict if the job exists; schemas.ErrTooLarge.
+// schemas.ErrConflict if the job exists; schemas.ErrTooLarge;
+// jetstream.ErrInvalidKey if the job id cannot be a KV key.
 func (c *Checkpoints) Create(ctx context.Context, cp *schemas.Checkpoint) (uint64, error) {
 	return c.write(ctx, cp, 0)
 }
@@ -107,16 +110,23 @@ func (c *Checkpoints) write(ctx context.Context, cp *schemas.Checkpoint, rev uin
 
 // PendingWrite is a checkpoint write in flight.
 type PendingWrite struct {
-	job string
-	rev uint64
-	f   jetstream.PubAckFuture
+	job  string
+	rev  uint64
+	size int
+	f    jetstream.PubAckFuture
 }
 
 // WriteAsync starts a compare-and-swap write of cp expecting revision rev
 // (0: the job must not exist) without waiting for the server. Many writes
 // may be in flight at once; Wait collects each outcome. The expected
-// revision travels as Nats-Expected-Last-Subject-Sequence (ADR-8, KV).
+// revision travels as Nats-Expected-Last-Subject-Sequence (ADR-8, KV). A
+// job id that is not a valid KV key gives jetstream.ErrInvalidKey.
 func (c *Checkpoints) WriteAsync(cp *schemas.Checkpoint, rev uint64) (*PendingWrite, error) {
+	if !validKey(cp.JobID) {
+		// The id becomes a subject token: a wildcard would compare and
+		// write across other jobs' keys, an empty token is never answered.
+		return nil, fmt.Errorf("write checkpoint %q: %w", cp.JobID, jetstream.ErrInvalidKey)
+	}
 	data, err := c.Encode(cp)
 	if err != nil {
 		return nil, err
@@ -128,12 +138,13 @@ func (c *Checkpoints) WriteAsync(cp *schemas.Checkpoint, rev uint64) (*PendingWr
 	if err != nil {
 		return nil, fmt.Errorf("write checkpoint %s: %w", cp.JobID, err)
 	}
-	return &PendingWrite{job: cp.JobID, rev: rev, f: f}, nil
+	return &PendingWrite{job: cp.JobID, rev: rev, size: len(data), f: f}, nil
 }
 
 // Wait blocks until the write is acknowledged or ctx ends, and returns the
-// new revision. Errors: schemas.ErrConflict on a revision mismatch. Any
-// other error leaves the outcome unknown: the write may or may not have
+// new revision. Errors: schemas.ErrConflict on a revision mismatch;
+// schemas.ErrTooLarge if the bucket refused the size. Any other error
+// leaves the outcome unknown: the write may or may not have
 // been stored, so the caller must reload before deciding again.
 func (p *PendingWrite) Wait(ctx context.Context) (uint64, error) {
 	select {
@@ -146,10 +157,24 @@ func (p *PendingWrite) Wait(ctx context.Context) (uint64, error) {
 			}
 			return 0, schemas.Errorf(schemas.CodeConflict, "checkpoint %s changed since revision %d", p.job, p.rev).WithCause(err)
 		}
-		return 0, fmt.Errorf("write checkpoint %s: %w", p.job, err)
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum {
+			// A bucket made with a smaller limit than Encode checks: refused, so not stored.
+			return 0, (&schemas.Error{Code: schemas.CodeTooLarge, Job: p.job,
+				Message: fmt.Sprintf("checkpoint is %d bytes; the bucket refused it as over its limit", p.size)}).WithCause(err)
+		}
+		return 0, fmt.Errorf("write checkpoint %s: outcome unknown: %w", p.job, err)
 	case <-ctx.Done():
 		return 0, fmt.Errorf("write checkpoint %s: outcome unknown: %w", p.job, ctx.Err())
 	}
+}
+
+var validKeyRE = regexp.MustCompile(`^[-/_=.a-zA-Z0-9]+$`)
+
+// validKey applies JetStream KV's key rules (those Get enforces through the
+// client) to a job id.
+func validKey(k string) bool {
+	return k != "" && k[0] != '.' && k[len(k)-1] != '.' && !strings.Contains(k, "..") && validKeyRE.MatchString(k)
 }
 
 // isRevisionConflict classifies a compare-and-swap failure by the client's

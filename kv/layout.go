@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"regexp"
 	"strings"
 	"time"
@@ -220,6 +221,18 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config, log *slog.Log
 	return s, nil
 }
 
+// headerRoom is what a checkpoint bucket allows beyond MaxValueBytes: the
+// server counts a message's headers (the expected revision of every write)
+// against the limit, and MaxValueBytes caps the checkpoint itself.
+const headerRoom = 1024
+
+func withHeaderRoom(n int32) int32 {
+	if n > math.MaxInt32-headerRoom {
+		return n
+	}
+	return n + headerRoom
+}
+
 func (s *Store) storage() jetstream.StorageType {
 	if s.Config.Memory {
 		return jetstream.MemoryStorage
@@ -234,7 +247,7 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 		Bucket:       n.CheckpointBucket,
 		Description:  "Waymark job checkpoints: key = job id, value = checkpoint JSON, written by compare-and-swap on the revision",
 		History:      1,
-		MaxValueSize: c.MaxValueBytes,
+		MaxValueSize: withHeaderRoom(c.MaxValueBytes),
 		Storage:      s.storage(),
 		Replicas:     c.Replicas,
 		Metadata:     meta,

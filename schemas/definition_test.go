@@ -10,6 +10,7 @@ import (
 	"github.com/waymark-dev/waymark/schemas"
 )
 
+// dur converts a time.Duration for the definition types.
 func dur(d time.Duration) schemas.Duration { return schemas.Duration(d) }
 
 func TestRetryOf(t *testing.T) {

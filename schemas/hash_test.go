@@ -56,6 +56,7 @@ version: 2
 name: greeter
 `
 
+// mustParse parses src or fails the test.
 func mustParse(t *testing.T, name, src string, opts schemas.LoadOptions) *schemas.Definition {
 	t.Helper()
 	def, err := schemas.Parse(name, []byte(src), opts)

@@ -11,6 +11,7 @@ import (
 	"github.com/waymark-dev/waymark/schemas"
 )
 
+// mustCompile compiles a non-empty schema or fails the test.
 func mustCompile(t *testing.T, schema string) *schemas.Validator {
 	t.Helper()
 	v, err := schemas.CompileSchema("test", json.RawMessage(schema))
