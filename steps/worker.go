@@ -28,6 +28,7 @@ const (
 	DefaultFetchWait    = 5 * time.Second
 	resultPublishTries  = 6
 	resultPublishTimout = 10 * time.Second
+	shutdownHandBack    = time.Second // redelivery delay of a step in hand at shutdown
 )
 
 // WorkerConfig configures a Worker. Zero fields take the defaults stated.
@@ -219,7 +220,14 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 	}
 	res := w.run(ctx, m, ps, sm, log)
 	if ctx.Err() != nil {
-		_ = m.Nak() // shutting down: the attempt's outcome is not trustworthy
+		// Shutting down: the attempt's outcome is not trustworthy; hand
+		// the message back. Not at once: this worker's last pull request
+		// may still be open on the server (the client unsubscribes from it
+		// just after the fetch ends), and an immediate redelivery could go
+		// to it and sit unseen until the ack wait runs out. The server
+		// drops a pull request whose subscriber is gone, so after a short
+		// delay the message goes to a live worker.
+		_ = m.NakWithDelay(shutdownHandBack)
 		return
 	}
 	res.Redelivered = redelivered

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -188,6 +190,10 @@ func (b *workerBundle) start(cfg WorkerConfig) (*Worker, func()) {
 	if cfg.ID == "" {
 		cfg.ID = "worker-under-test"
 	}
+	if cfg.Logger == nil {
+		// The worker stops in t.Cleanup, so it never logs after the test.
+		cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
+	}
 	w, err := NewWorker(cfg)
 	if err != nil {
 		t.Fatalf("NewWorker: %v", err)
@@ -232,17 +238,22 @@ func (b *workerBundle) send(sm schemas.StepMessage) schemas.StepMessage {
 	if len(sm.State) == 0 {
 		sm.State = json.RawMessage(`{}`)
 	}
-	data, err := json.Marshal(sm)
+	h := nats.Header{}
+	data, err := schemas.EncodeStepMessage(&sm, h)
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	b.publishRaw(data, schemas.StepMsgID(sm.Job, sm.Step, sm.Attempt))
+	b.publishRaw(h, data, schemas.StepMsgID(sm.Job, sm.Step, sm.Attempt))
 	return sm
 }
 
-func (b *workerBundle) publishRaw(data []byte, msgID string) {
+// publishRaw publishes a step message as it is, headers and body.
+func (b *workerBundle) publishRaw(h nats.Header, data []byte, msgID string) {
 	b.t.Helper()
 	m := nats.NewMsg(b.store.Names.WorkSubject(schemas.DefaultPool))
+	for k, v := range h {
+		m.Header[k] = v
+	}
 	m.Data = data
 	m.Header.Set(jetstream.MsgIDHeader, msgID)
 	if _, err := b.store.JS.PublishMsg(b.t.Context(), m); err != nil {
@@ -264,14 +275,14 @@ func (b *workerBundle) lastResult(job string) *schemas.StepResult {
 	if err != nil {
 		b.t.Fatalf("read inbox: %v", err)
 	}
-	var res schemas.StepResult
-	if err := json.Unmarshal(m.Data, &res); err != nil {
+	res, err := schemas.DecodeStepResult(m.Header, m.Data)
+	if err != nil {
 		b.t.Fatalf("decode result %s: %v", m.Data, err)
 	}
 	if got, want := m.Header.Get(jetstream.MsgIDHeader), schemas.ResultMsgID(res.Job, res.Step, res.Attempt); got != want {
 		b.t.Errorf("result Nats-Msg-Id = %q, want %q", got, want)
 	}
-	return &res
+	return res
 }
 
 // result waits for job's result in the inbox.
@@ -321,7 +332,7 @@ func TestWorkerResults(t *testing.T) {
 		{name: "success", step: "echo", state: `{"out": {"answer": "forty-two"}}`, wantOutput: `{"answer":"forty-two"}`},
 		{name: "builtin noop", step: "noop", wantOutput: `{"ok":true}`},
 		{name: "model step replays its cassette", step: "classify", state: `{"title": "crash"}`, wantOutput: `{"label":"recorded","score":0.5}`},
-		{name: "http step", step: "file", state: `{"title": "crash"}`, wantOutput: `{"id":"T-1"}`},
+		{name: "http step", step: "file", state: `{"title": "crash"}`, wantOutput: `{"id": "T-1"}`}, // as the service sent it
 		{name: "input passes input_schema", step: "strict", state: `{"report": "it crashed", "out": {"seen": true}}`, wantOutput: `{"seen":true}`},
 		{name: "output fails output_schema", step: "echo", state: `{"out": {"answer": 42}}`,
 			wantCode: schemas.CodeOutputInvalid, wantRetryable: true,
@@ -420,7 +431,7 @@ func TestWorkerCustomKind(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if got.Attempt != 4 || got.RunAttempt != 2 || got.IdempotencyKey != "idem-1" || string(got.State) != `{"k":1}` ||
+	if got.Attempt != 4 || got.RunAttempt != 2 || got.IdempotencyKey != "idem-1" || string(got.State) != `{"k": 1}` ||
 		got.Step.ID != "echo" || got.Definition.Hash != b.def.Hash || got.Log == nil || got.Env != b.env {
 		t.Errorf("the kind saw Call %+v", got)
 	}
@@ -591,13 +602,27 @@ func TestWorkerRunEndedContext(t *testing.T) {
 func TestWorkerDropsMalformedMessages(t *testing.T) {
 	t.Parallel()
 	b := setupWorker(t, workerOptions{cfg: WorkerConfig{Concurrency: 1}})
-	for i, data := range []string{
-		`not json`,
-		`{"step": "echo", "attempt": 1}`,                 // no job
-		`{"job": "job-x", "attempt": 1}`,                 // no step
-		`{"job": "job-x", "step": "echo", "attempt": 0}`, // no attempt
-	} {
-		b.publishRaw([]byte(data), "malformed-"+string(rune('a'+i)))
+	good := func() nats.Header {
+		h := nats.Header{}
+		if _, err := schemas.EncodeStepMessage(&schemas.StepMessage{Job: "job-x", Step: "echo", Attempt: 1, RunAttempt: 1, DefinitionHash: b.def.Hash}, h); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	spoils := []func(nats.Header){
+		func(h nats.Header) { clear(h) },
+		func(h nats.Header) { h.Del(schemas.HeaderJob) },
+		func(h nats.Header) { h.Del(schemas.HeaderStep) },
+		func(h nats.Header) { h.Del(schemas.HeaderDefinition) },
+		func(h nats.Header) { h.Set(schemas.HeaderAttempt, "0") },
+		func(h nats.Header) { h.Set(schemas.HeaderAttempt, "one") },
+		func(h nats.Header) { h.Set(schemas.HeaderNotBefore, "tomorrow") },
+		func(h nats.Header) { h.Set(schemas.HeaderVars, "{") },
+	}
+	for i, spoil := range spoils {
+		h := good()
+		spoil(h)
+		b.publishRaw(h, []byte(`{"out": {"answer": "x"}}`), "malformed-"+strconv.Itoa(i))
 	}
 	b.send(schemas.StepMessage{Job: "job-fine", Step: "echo", State: json.RawMessage(`{"out": {"answer": "fine"}}`)})
 	if res := b.result("job-fine"); res.Error != nil {
