@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"regexp"
 	"sort"
 	"strings"
 	"text/template"
@@ -110,6 +111,9 @@ const (
 	UntrustedClose = "</untrusted-data>"
 )
 
+// untrustedTagRE finds copies of the delimiters in any letter case.
+var untrustedTagRE = regexp.MustCompile(`(?i)<(/?)\s*untrusted-data\s*>`)
+
 // templateFuncs are the functions step templates may call: json, untrusted,
 // service, join, lower, upper, trim. None reads the clock, so rendering the
 // same state twice gives the same text.
@@ -125,10 +129,16 @@ func templateFuncs(env *Env) template.FuncMap {
 			return strings.TrimRight(b.String(), "\n"), nil
 		},
 		"untrusted": func(v any) string {
-			s := fmt.Sprint(v)
-			s = strings.ReplaceAll(s, UntrustedClose, "</untrusted_data>")
-			s = strings.ReplaceAll(s, UntrustedOpen, "<untrusted_data>")
-			return UntrustedOpen + "\n" + s + "\n" + UntrustedClose
+			s, ok := v.(string)
+			if !ok {
+				b, err := json.Marshal(v)
+				if err != nil {
+					s = fmt.Sprint(v)
+				} else {
+					s = string(b)
+				}
+			}
+			return UntrustedOpen + "\n" + untrustedTagRE.ReplaceAllString(s, "<${1}untrusted_data>") + "\n" + UntrustedClose
 		},
 		"service": env.Service,
 		"join": func(sep string, xs []any) string {

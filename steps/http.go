@@ -165,6 +165,10 @@ func withoutURL(err error) error {
 
 // redactURL drops the query string, which may carry credentials.
 func redactURL(u string) string {
+	if p, err := url.Parse(u); err == nil && p.User != nil {
+		p.User = nil
+		u = p.String()
+	}
 	if i := strings.IndexAny(u, "?#"); i >= 0 {
 		return u[:i] + "?…"
 	}

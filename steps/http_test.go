@@ -416,10 +416,11 @@ func TestHTTPNotResentAfterCommit(t *testing.T) {
 func TestRedactURL(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{
-		"http://h/p":            "http://h/p",
-		"http://h/p?token=x":    "http://h/p?…",
-		"http://h/p#frag":       "http://h/p?…",
-		"https://h/a/b?x=1#y=2": "https://h/a/b?…",
+		"http://h/p":              "http://h/p",
+		"http://h/p?token=x":      "http://h/p?…",
+		"http://h/p#frag":         "http://h/p?…",
+		"https://h/a/b?x=1#y=2":   "https://h/a/b?…",
+		"https://user:secret@h/p": "https://h/p",
 	} {
 		if got := redactURL(in); got != want {
 			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)

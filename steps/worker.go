@@ -279,7 +279,7 @@ func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm 
 	timeout := ps.def.TimeoutOf(ps.step)
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	stop := w.heartbeat(m)
+	stop := w.heartbeat(m, time.Now().Add(timeout+w.cfg.Heartbeat))
 	start := time.Now()
 	out, err := safeRun(rctx, ps.runner, call)
 	stop()
@@ -345,7 +345,7 @@ func encodeOutput(out any) (json.RawMessage, error) {
 
 // heartbeat extends m's lease every Heartbeat until the returned stop is
 // called.
-func (w *Worker) heartbeat(m jetstream.Msg) (stop func()) {
+func (w *Worker) heartbeat(m jetstream.Msg, until time.Time) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -357,7 +357,13 @@ func (w *Worker) heartbeat(m jetstream.Msg) (stop func()) {
 			select {
 			case <-done:
 				return
-			case <-t.C:
+			case now := <-t.C:
+				if now.After(until) {
+					// The step ignores its deadline: stop extending the
+					// lease, so the message goes to another worker.
+					w.log.Warn("step ran past its timeout and ignores cancellation; letting its lease expire")
+					return
+				}
 				if err := m.InProgress(); err == nil {
 					w.ctr.heartbeats.Add(1)
 				}
