@@ -541,11 +541,7 @@ func (e *Engine) publish(ctx context.Context, ps []*plan) {
 			continue
 		}
 		cp := p.next
-		ids, bodies, err := historyBatches(cp.JobID, cp.Events)
-		if err != nil {
-			p.err = err
-			continue
-		}
+		ids, bodies := historyBatches(cp.JobID, cp.Events)
 		for i := range ids {
 			m := nats.NewMsg(names.HistorySubject(cp.JobID))
 			m.Data = bodies[i]

@@ -2,6 +2,7 @@ package schemas
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strconv"
 	"time"
@@ -106,6 +107,53 @@ func (m *StepMessage) AppendJSON(dst []byte) []byte {
 	w.strField("idempotency_key", m.IdempotencyKey)
 	w.close()
 	return w.b
+}
+
+// HistoryEvent is one CloudEvent of a job's history, as the history stream
+// holds it (CloudEvents 1.0, JSON event format) and as clients read it.
+type HistoryEvent struct {
+	SpecVersion     string      `json:"specversion"`
+	ID              string      `json:"id"` // <job>/<seq>/<n>
+	Source          string      `json:"source"`
+	Type            string      `json:"type"`
+	Subject         string      `json:"subject"` // the job id
+	Time            time.Time   `json:"time"`
+	DataContentType string      `json:"datacontenttype"`
+	Data            HistoryData `json:"data"`
+}
+
+// AppendHistoryBatch appends a CloudEvents JSON batch (a JSON array of
+// events; CloudEvents 1.0 JSON format, section 4) of job's events, all of
+// checkpoint sequence seq, to dst. Event ids are "<job>/<seq>/<n>".
+func AppendHistoryBatch(dst []byte, source, job string, seq uint64, evs []Event) []byte {
+	w := jsonw{b: append(dst, '[')}
+	prefix := job + "/" + strconv.FormatUint(seq, 10) + "/"
+	for i := range evs {
+		if i > 0 {
+			w.b = append(w.b, ',')
+		}
+		w.open()
+		w.strField("specversion", "1.0")
+		w.strField("id", prefix+strconv.Itoa(i))
+		w.strField("source", source)
+		w.strField("type", evs[i].Type)
+		w.strField("subject", job)
+		w.timeField("time", evs[i].Time)
+		w.strField("datacontenttype", "application/json")
+		w.key("data")
+		w.historyData(&evs[i].Data)
+		w.close()
+	}
+	return append(w.b, ']')
+}
+
+// DecodeHistory decodes one history message: a CloudEvents JSON batch.
+func DecodeHistory(b []byte) ([]HistoryEvent, error) {
+	var evs []HistoryEvent
+	if err := json.Unmarshal(b, &evs); err != nil {
+		return nil, fmt.Errorf("decode history message: %w", err)
+	}
+	return evs, nil
 }
 
 // jsonw appends JSON to b, tracking whether a comma is due.
