@@ -11,7 +11,7 @@ func TestSetMembers(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name, state, set, want string
-		wantErr            bool
+		wantErr                bool
 	}{
 		{"append", `{"a":1}`, `{"b":{"c":[1,"}"]}}`, `{"a":1,"b":{"c":[1,"}"]}}`, false},
 		{"replace in place", `{"a":1,"b":2,"c":3}`, `{"b":"x"}`, `{"a":1,"b":"x","c":3}`, false},

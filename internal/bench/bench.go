@@ -27,17 +27,17 @@ import (
 
 // Config says what to measure. Zero fields take the defaults stated.
 type Config struct {
-	Jobs        int    `json:"jobs"`          // jobs per round; default 100
-	Steps       int    `json:"steps"`         // steps per job; default 10
-	Concurrency int    `json:"concurrency"`   // jobs in flight; default Jobs
-	Payload     int    `json:"payload_bytes"` // state size in bytes; default 1024
-	Kind        string `json:"kind"`          // noop (default), http (a local server) or model (replay)
-	Workers     int    `json:"worker_concurrency"`
-	Sync        string `json:"sync"`   // always or interval (default)
-	Rounds      int    `json:"rounds"` // rounds of each; medians are reported; default 1
-	Floor       bool   `json:"floor"`  // also measure the floor
-	Engine      bool   `json:"engine"` // measure Waymark (default true via WithDefaults)
-	Dir         string `json:"-"`      // where servers keep files; default a temporary directory
+	Jobs        int          `json:"jobs"`          // jobs per round; default 100
+	Steps       int          `json:"steps"`         // steps per job; default 10
+	Concurrency int          `json:"concurrency"`   // jobs in flight; default Jobs
+	Payload     int          `json:"payload_bytes"` // state size in bytes; default 1024
+	Kind        string       `json:"kind"`          // noop (default), http (a local server) or model (replay)
+	Workers     int          `json:"worker_concurrency"`
+	Sync        string       `json:"sync"`   // always or interval (default)
+	Rounds      int          `json:"rounds"` // rounds of each; medians are reported; default 1
+	Floor       bool         `json:"floor"`  // also measure the floor
+	Engine      bool         `json:"engine"` // measure Waymark (default true via WithDefaults)
+	Dir         string       `json:"-"`      // where servers keep files; default a temporary directory
 	Logger      *slog.Logger `json:"-"`
 }
 
@@ -88,16 +88,16 @@ func (c Config) validate() error {
 
 // Sample is one round's measurements of one system.
 type Sample struct {
-	Steps        int           `json:"steps"`
-	Elapsed      time.Duration `json:"elapsed_ns"`
-	CPU          time.Duration `json:"cpu_ns"` // user + system, whole process
-	StepLatency  []time.Duration `json:"-"`  // per step: from the previous step's completion (or the job's start) to this one's
+	Steps        int             `json:"steps"`
+	Elapsed      time.Duration   `json:"elapsed_ns"`
+	CPU          time.Duration   `json:"cpu_ns"` // user + system, whole process
+	StepLatency  []time.Duration `json:"-"`      // per step: from the previous step's completion (or the job's start) to this one's
 	JobLatency   []time.Duration `json:"-"`
-	Writes       uint64        `json:"js_writes"`     // messages stored in any stream (KV included)
-	Ops          uint64        `json:"js_ops"`        // client messages into the server: publishes, KV writes, acks, pulls, API calls
-	BytesWritten uint64        `json:"bytes_written"` // to storage, by this process
-	PeakRSS      uint64        `json:"peak_rss_bytes"`
-	PeakHeap     uint64        `json:"peak_heap_bytes"`
+	Writes       uint64          `json:"js_writes"`     // messages stored in any stream (KV included)
+	Ops          uint64          `json:"js_ops"`        // client messages into the server: publishes, KV writes, acks, pulls, API calls
+	BytesWritten uint64          `json:"bytes_written"` // to storage, by this process
+	PeakRSS      uint64          `json:"peak_rss_bytes"`
+	PeakHeap     uint64          `json:"peak_heap_bytes"`
 }
 
 // Result is what Run reports: medians over the rounds.
@@ -123,11 +123,11 @@ type Result struct {
 	CPUUsPerStep      float64 `json:"cpu_us_per_step"`
 	FloorCPUUsPerStep float64 `json:"floor_cpu_us_per_step"`
 
-	JSOpsPerStep           float64 `json:"js_ops_per_step"`
-	FloorJSOpsPerStep      float64 `json:"floor_js_ops_per_step"`
-	JSWritesPerStep        float64 `json:"js_writes_per_step"`
-	FloorJSWritesPerStep   float64 `json:"floor_js_writes_per_step"`
-	BytesWrittenPerStep    float64 `json:"bytes_written_per_step"`
+	JSOpsPerStep             float64 `json:"js_ops_per_step"`
+	FloorJSOpsPerStep        float64 `json:"floor_js_ops_per_step"`
+	JSWritesPerStep          float64 `json:"js_writes_per_step"`
+	FloorJSWritesPerStep     float64 `json:"floor_js_writes_per_step"`
+	BytesWrittenPerStep      float64 `json:"bytes_written_per_step"`
 	FloorBytesWrittenPerStep float64 `json:"floor_bytes_written_per_step"`
 
 	EnginePeakRSS  uint64 `json:"engine_peak_rss_bytes"` // the process running server, engine and worker
@@ -422,7 +422,7 @@ func summarise(cfg Config, ours, floors []Sample) *Result {
 	r := &Result{Config: cfg}
 	type agg struct {
 		sps, p50, p90, p99, pmax, j50, j99, cpu, ops, writes, bytes []float64
-		rss, heap                                               uint64
+		rss, heap                                                   uint64
 	}
 	collect := func(ss []Sample) agg {
 		var a agg
