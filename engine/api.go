@@ -22,6 +22,9 @@ const MaxRequestBytes = 8 << 20
 //	GET  /v1/jobs?status=&workflow=&limit=  → {"jobs": [...]}
 //	GET  /v1/jobs/{id}              → the job record
 //	GET  /v1/jobs/{id}/history      → {"events": [...]}
+//	GET  /v1/effects?job=&state=    → {"effects": [...]}
+//	GET  /v1/effects/{key}          → one effect record (the key may contain '/')
+//	POST /v1/effects/resolve        {"key", "happened", "external_id"?, "result"?, "by", "note"?} → the reconciled record
 //	GET  /healthz                   → {"status": "ok"}
 //
 // Errors are {"error": {"code", "message", "problems"?}} with 400 for bad
@@ -42,6 +45,9 @@ func (a *API) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/jobs", a.listJobs)
 	mux.HandleFunc("GET /v1/jobs/{id}", a.getJob)
 	mux.HandleFunc("GET /v1/jobs/{id}/history", a.getHistory)
+	mux.HandleFunc("GET /v1/effects", a.listEffects)
+	mux.HandleFunc("GET /v1/effects/{key...}", a.getEffect)
+	mux.HandleFunc("POST /v1/effects/resolve", a.resolveEffect)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -67,6 +73,8 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status, body.Code = http.StatusBadRequest, schemas.AsError(err).Code
 	case errors.Is(err, schemas.ErrQuarantined):
 		status, body.Code = http.StatusConflict, schemas.CodeQuarantined
+	case errors.Is(err, ErrNotAmbiguous), errors.Is(err, schemas.ErrConflict):
+		status, body.Code = http.StatusConflict, schemas.CodeConflict
 	}
 	if status == http.StatusInternalServerError && a.Logger != nil {
 		a.Logger.Error("api", "method", r.Method, "path", r.URL.Path, "err", err)
@@ -207,4 +215,52 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	if err := enc.Encode(v); err != nil {
 		fmt.Fprintln(w)
 	}
+}
+
+func (a *API) listEffects(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	recs, err := a.Client.Effects(r.Context(), EffectFilter{Job: q.Get("job"), State: schemas.EffectState(q.Get("state"))})
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if recs == nil {
+		recs = []*schemas.EffectRecord{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"effects": recs})
+}
+
+func (a *API) getEffect(w http.ResponseWriter, r *http.Request) {
+	rec, err := a.Client.Effect(r.Context(), r.PathValue("key"))
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, rec)
+}
+
+// ResolveEffectRequest is the body of POST /v1/effects/resolve.
+type ResolveEffectRequest struct {
+	Key string `json:"key"`
+	schemas.EffectResolution
+}
+
+func (a *API) resolveEffect(w http.ResponseWriter, r *http.Request) {
+	var req ResolveEffectRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		a.fail(w, r, badRequest("request body: %v", err))
+		return
+	}
+	if req.Key == "" {
+		a.fail(w, r, badRequest("key is required"))
+		return
+	}
+	rec, err := a.Client.ResolveEffect(r.Context(), req.Key, req.EffectResolution)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, rec)
 }

@@ -164,6 +164,9 @@ func applyResult(c *compiled, cp *schemas.Checkpoint, res *schemas.StepResult, n
 		}
 	}
 	if stepErr != nil {
+		if stepErr.Code == schemas.CodeAmbiguous {
+			return outcomeApplied, append(evs, blockStep(cp, step, rec, res, stepErr.At(cp.JobID, res.Step, res.Attempt)))
+		}
 		return outcomeApplied, append(evs, failAttempt(c, cp, step, rec, stepErr.At(cp.JobID, res.Step, res.Attempt), now)...)
 	}
 
@@ -288,6 +291,33 @@ func failAttempt(c *compiled, cp *schemas.Checkpoint, step *schemas.Step, rec *s
 		return []event{ev, dispatch(c, cp, step.OnError, true, time.Time{}, now)}
 	}
 	return []event{ev, failJob(cp, e, now)}
+}
+
+// blockStep parks the job: the step's effect is ambiguous, and only a
+// person (engine effects resolve) can say whether it happened.
+func blockStep(cp *schemas.Checkpoint, step *schemas.Step, rec *schemas.StepRecord, res *schemas.StepResult, e *schemas.Error) event {
+	rec.Status = schemas.StepBlocked
+	rec.LastError = e
+	cp.Current = nil
+	cp.Status = schemas.JobNeedsReconciliation
+	cp.Blocked = &schemas.Blocked{Step: step.ID, EffectKey: res.EffectKey, Reason: e.Message}
+	return event{typ: schemas.EventStepBlocked, data: schemas.HistoryData{
+		Job: cp.JobID, Step: step.ID, Attempt: res.Attempt, Status: string(cp.Status), Error: e, EffectKey: res.EffectKey,
+	}}
+}
+
+// applySignal applies a person's decision. An effect resolved for the
+// effect the job is blocked on unblocks it: the step gets a new attempt,
+// which finds the settled record in the ledger. Anything else is stale.
+func applySignal(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now time.Time) (outcome, []event) {
+	if sig.Type != schemas.SignalEffectResolved || cp.Status != schemas.JobNeedsReconciliation || cp.Blocked == nil || cp.Blocked.EffectKey != sig.Key {
+		return outcomeStale, nil
+	}
+	step := cp.Blocked.Step
+	cp.Status = schemas.JobRunning
+	cp.Blocked = nil
+	evs := []event{{typ: schemas.EventStepUnblocked, data: schemas.HistoryData{Job: cp.JobID, Step: step, EffectKey: sig.Key, By: sig.By}}}
+	return outcomeApplied, append(evs, dispatch(c, cp, step, false, time.Time{}, now))
 }
 
 func failJob(cp *schemas.Checkpoint, e *schemas.Error, now time.Time) event {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -203,7 +204,8 @@ func (c *Client) History(ctx context.Context, id string) ([]HistoryEvent, error)
 	return out, err
 }
 
-// Wait follows job id until it is terminal, calling onEvent (if not nil)
+// Wait follows job id until it stops (completed, failed, or waiting for a
+// person: needs_reconciliation, quarantined), calling onEvent (if not nil)
 // with each history event in order, and returns the final record.
 // Errors: ctx's error when it ends first; schemas.ErrNotFound when the job
 // does not appear within ctx.
@@ -220,7 +222,7 @@ func (c *Client) Wait(ctx context.Context, id string, onEvent func(HistoryEvent)
 			if onEvent != nil {
 				onEvent(h)
 			}
-			if h.Type == schemas.EventJobCompleted || h.Type == schemas.EventJobFailed {
+			if h.Type == schemas.EventJobCompleted || h.Type == schemas.EventJobFailed || h.Type == schemas.EventStepBlocked {
 				once.Do(func() { close(seen) })
 			}
 			return true
@@ -231,7 +233,7 @@ func (c *Client) Wait(ctx context.Context, id string, onEvent func(HistoryEvent)
 		if err != nil {
 			return true
 		}
-		if ent.Checkpoint.Status.Terminal() {
+		if ent.Checkpoint.Status.Stopped() {
 			final = ent.Checkpoint
 			return false
 		}
@@ -330,4 +332,119 @@ func short(hash string) string {
 		return hash[:12]
 	}
 	return hash
+}
+
+// EffectFilter narrows Effects. Zero fields match everything.
+type EffectFilter struct {
+	Job   string
+	State schemas.EffectState
+	Limit int // most recently updated first; 0 means 1000
+}
+
+// Effects lists effect ledger records, most recently updated first.
+func (c *Client) Effects(ctx context.Context, f EffectFilter) ([]*schemas.EffectRecord, error) {
+	if f.Limit <= 0 {
+		f.Limit = 1000
+	}
+	var out []*schemas.EffectRecord
+	err := c.store.Effects.List(ctx, func(e kv.EffectEntry) bool {
+		r := e.Record
+		if (f.Job == "" || r.Job == f.Job) && (f.State == "" || r.State == f.State) {
+			out = append(out, r)
+		}
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].UpdatedAt.After(out[j].UpdatedAt) })
+	if len(out) > f.Limit {
+		out = out[:f.Limit]
+	}
+	return out, nil
+}
+
+// Effect returns the ledger record under key. Errors: schemas.ErrNotFound.
+func (c *Client) Effect(ctx context.Context, key string) (*schemas.EffectRecord, error) {
+	e, err := c.store.Effects.Get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return e.Record, nil
+}
+
+// ErrNotAmbiguous is returned by ResolveEffect for an effect that is not
+// waiting for a decision.
+var ErrNotAmbiguous = errors.New("effect is not ambiguous")
+
+// ResolveEffect settles an ambiguous effect with a person's decision: the
+// record becomes reconciled (happened, with its result and external id, or
+// did not happen), who and when are recorded, the decision is appended to
+// the job's history, and the job waiting on it resumes: its step gets a new
+// attempt that returns the recorded result (happened) or performs the
+// action (did not happen). The write is a compare-and-swap: two people
+// resolving at once cannot both win. Errors: schemas.ErrNotFound;
+// ErrNotAmbiguous; schemas.ErrInputInvalid for a result that is not JSON
+// or details given with "did not happen"; schemas.ErrConflict.
+func (c *Client) ResolveEffect(ctx context.Context, key string, r schemas.EffectResolution) (*schemas.EffectRecord, error) {
+	if r.By == "" {
+		return nil, schemas.Errorf(schemas.CodeInputInvalid, "resolve effect %s: say who decides (by)", key)
+	}
+	if !r.Happened && (r.ExternalID != "" || len(r.Result) > 0) {
+		return nil, schemas.Errorf(schemas.CodeInputInvalid, "resolve effect %s: an effect that did not happen has no external id or result", key)
+	}
+	if len(r.Result) > 0 && !json.Valid(r.Result) {
+		return nil, schemas.Errorf(schemas.CodeInputInvalid, "resolve effect %s: the result is not valid JSON", key)
+	}
+	ent, err := c.store.Effects.Get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	rec := *ent.Record
+	now := c.now().UTC()
+	if rec.State == schemas.EffectReconciled {
+		// Decided already: tell the job again (dedup ids make it harmless),
+		// which also finishes a resolution whose signal was lost.
+		return &rec, c.announceResolution(ctx, &rec, ent.Revision, now)
+	}
+	if rec.State != schemas.EffectAmbiguous {
+		return nil, fmt.Errorf("resolve effect %s: it is %s: %w", key, rec.State, ErrNotAmbiguous)
+	}
+	happened := r.Happened
+	rec.State, rec.Happened, rec.ReconciledBy, rec.Note = schemas.EffectReconciled, &happened, r.By, r.Note
+	rec.SettledAt, rec.UpdatedAt = now, now
+	if happened {
+		rec.ExternalID = r.ExternalID
+		rec.Result = r.Result
+		if len(rec.Result) == 0 {
+			rec.Result = json.RawMessage("{}")
+		}
+		rec.ResultDigest = digest(rec.Result)
+	}
+	rev, err := c.store.Effects.Update(ctx, &rec, ent.Revision)
+	if err != nil {
+		return nil, fmt.Errorf("resolve effect %s: %w", key, err)
+	}
+	return &rec, c.announceResolution(ctx, &rec, rev, now)
+}
+
+// announceResolution appends a resolution to the job's history and tells
+// the job.
+func (c *Client) announceResolution(ctx context.Context, rec *schemas.EffectRecord, rev uint64, now time.Time) error {
+	key := rec.Key
+	ev := nats.NewMsg(c.store.Names.HistorySubject(rec.Job))
+	ev.Data = schemas.AppendEffectEvent(nil, "/waymark/client", schemas.EventEffectReconciled, rec, rev, now)
+	ev.Header.Set(jetstream.MsgIDHeader, rec.Job+"/effect/"+strconv.FormatUint(rev, 10)+"/reconciled")
+	ev.Header.Set("Content-Type", HistoryContentType)
+	if _, err := c.store.JS.PublishMsg(ctx, ev); err != nil {
+		return fmt.Errorf("resolve effect %s: recorded; appending it to history failed, run the command again: %w", key, err)
+	}
+	sig, _ := json.Marshal(schemas.Signal{Job: rec.Job, Type: schemas.SignalEffectResolved, Key: key, By: rec.ReconciledBy})
+	m := nats.NewMsg(c.store.Names.InboxSubject(kv.InboxSignal, rec.Job))
+	m.Data = sig
+	m.Header.Set(jetstream.MsgIDHeader, rec.Job+"/resolve/"+strconv.FormatUint(rev, 10))
+	if _, err := c.store.JS.PublishMsg(ctx, m); err != nil {
+		return fmt.Errorf("resolve effect %s: recorded, but the job was not told; run the command again: %w", key, err)
+	}
+	return nil
 }

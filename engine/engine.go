@@ -166,6 +166,7 @@ type inboxItem struct {
 	delivered uint64
 	start     *schemas.StartRequest
 	result    *schemas.StepResult
+	signal    *schemas.Signal
 	done      bool // settled (acked, naked or termed)
 	// handBack: another live handler applied this message concurrently;
 	// give it back (delayed) instead of acknowledging, so that if that
@@ -195,6 +196,7 @@ type plan struct {
 // that a decision made again after a conflict is not counted twice.
 type tally struct {
 	started, rejected, applied, stale, resumes, republished, completed, failed uint64
+	blocked, unblocked                                                         uint64
 }
 
 func (e *Engine) handleBatch(ctx context.Context, msgs []jetstream.Msg) {
@@ -273,6 +275,11 @@ func (e *Engine) decode(m jetstream.Msg) *inboxItem {
 	case kind == kv.InboxResult:
 		if it.result, err = schemas.DecodeStepResult(m.Headers(), m.Data()); err == nil && it.result.Job != job {
 			err = fmt.Errorf("result for job %q on the subject of job %q", it.result.Job, job)
+		}
+	case kind == kv.InboxSignal:
+		it.signal = new(schemas.Signal)
+		if err = json.Unmarshal(m.Data(), it.signal); err == nil && it.signal.Job != job {
+			err = fmt.Errorf("signal for job %q on the subject of job %q", it.signal.Job, job)
 		}
 	default:
 		err = fmt.Errorf("unknown inbox message kind %q", kind)
@@ -409,7 +416,31 @@ func (e *Engine) decide(ctx context.Context, p *plan) (redo bool) {
 				workerRecovered = true
 			}
 			p.tally.applied++
+			if cp.Status == schemas.JobNeedsReconciliation {
+				p.tally.blocked++
+			}
 			evs = append(evs, resEvs...)
+			changed, cause = true, it.msgID
+		case it.signal != nil:
+			if cp == nil {
+				p.tally.stale++
+				continue
+			}
+			out, sigEvs := applySignal(p.def, cp, it.signal, now)
+			if out == outcomeStale {
+				if !p.fresh && !changed {
+					return true
+				}
+				if isCause {
+					republish = true
+					continue
+				}
+				p.tally.stale++
+				e.log.Info("ignoring signal the job is not waiting for", "job", it.job, "type", it.signal.Type, "key", it.signal.Key)
+				continue
+			}
+			p.tally.unblocked++
+			evs = append(evs, sigEvs...)
 			changed, cause = true, it.msgID
 		}
 	}
@@ -421,6 +452,9 @@ func (e *Engine) decide(ctx context.Context, p *plan) (redo bool) {
 		if recovered == "" {
 			recovered = "the inbox message that produced the last checkpoint came again: an engine died or stalled before finishing it"
 		}
+	}
+	if recovered == "" && e.cfg.SoleEngine && changed && p.base != nil && p.base.cp.Writer != "" && p.base.cp.Writer != e.incarnation && !p.base.cp.Status.Terminal() {
+		recovered = "a new engine process took the job over from its checkpoint"
 	}
 	// One crash can leave several of a job's messages to be delivered
 	// again; the engine that picks them up counts one resume for them all.
@@ -443,6 +477,7 @@ func (e *Engine) decide(ctx context.Context, p *plan) (redo bool) {
 	}
 	cp.UpdatedAt = now
 	cp.Cause = cause
+	cp.Writer = e.incarnation
 	cp.Events = append(carried, stamp(evs, cp.Seq, now)...)
 	p.next = cp
 	p.dispatch = cp.Current != nil && (republish || p.base == nil || p.base.cp.Current == nil || p.base.cp.Current.MsgID != cp.Current.MsgID)
@@ -650,6 +685,8 @@ func (e *Engine) settle(ps []*plan) {
 			c.republished.Add(t.republished)
 			c.jobsCompleted.Add(t.completed)
 			c.jobsFailed.Add(t.failed)
+			c.blocked.Add(t.blocked)
+			c.unblocked.Add(t.unblocked)
 		}
 		for _, it := range p.items {
 			if it.done {

@@ -102,6 +102,7 @@ func (e *Engine) loseAttempt(ctx context.Context, ent kv.Entry, now time.Time) e
 		next.Seq = cp.Seq + 1
 		next.UpdatedAt = now
 		next.Cause = "reconcile/" + cur.MsgID
+		next.Writer = e.incarnation
 		next.Events = stamp(evs, next.Seq, now)
 		p.next = next
 		p.dispatch = next.Current != nil

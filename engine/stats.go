@@ -22,7 +22,9 @@ type Stats struct {
 	Republished      uint64 `json:"republished"`   // dispatches published again after a handler died
 	AttemptsLost     uint64 `json:"attempts_lost"` // attempts the reconciler declared lost
 	ReconcileErrors  uint64 `json:"reconcile_errors"`
-	HandleErrors     uint64 `json:"handle_errors"` // inbox messages left for redelivery after an error
+	HandleErrors     uint64 `json:"handle_errors"`    // inbox messages left for redelivery after an error
+	JobsBlocked      uint64 `json:"jobs_blocked"`     // jobs that stopped on an ambiguous effect
+	EffectsResolved  uint64 `json:"effects_resolved"` // blocked jobs a resolution set going again
 	// FirstProgressMs is the time from Run to the first applied transition,
 	// in milliseconds; 0 until then.
 	FirstProgressMs int64 `json:"first_progress_ms"`
@@ -32,7 +34,7 @@ type counters struct {
 	jobsStarted, jobsCompleted, jobsFailed, jobsRejected atomic.Uint64
 	transitions, dispatched, applied, stale, conflicts   atomic.Uint64
 	resumes, inboxRedelivered, republished, lost         atomic.Uint64
-	reconcileErrors, handleErrors                        atomic.Uint64
+	reconcileErrors, handleErrors, blocked, unblocked    atomic.Uint64
 	started                                              atomic.Int64 // unix ns
 	firstProgress                                        atomic.Int64 // ns after started
 }
@@ -65,6 +67,8 @@ func (e *Engine) Stats() Stats {
 		AttemptsLost:     c.lost.Load(),
 		ReconcileErrors:  c.reconcileErrors.Load(),
 		HandleErrors:     c.handleErrors.Load(),
+		JobsBlocked:      c.blocked.Load(),
+		EffectsResolved:  c.unblocked.Load(),
 		FirstProgressMs:  c.firstProgress.Load() / int64(time.Millisecond),
 	}
 }

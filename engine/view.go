@@ -20,8 +20,8 @@ type JobView struct {
 	Seq            uint64            `json:"seq"`
 	Steps          []StepView        `json:"steps"`
 	Current        *schemas.Dispatch `json:"current,omitempty"`
+	Blocked        *schemas.Blocked  `json:"blocked,omitempty"` // the effect a job needing reconciliation waits on
 	State          json.RawMessage   `json:"state"`
-	Input          json.RawMessage   `json:"input,omitempty"`
 	Vars           map[string]string `json:"vars,omitempty"`
 	Error          *schemas.Error    `json:"error,omitempty"`
 	Parent         string            `json:"parent,omitempty"`
@@ -59,7 +59,7 @@ type JobSummary struct {
 func NewJobView(cp *schemas.Checkpoint, def *schemas.Definition) *JobView {
 	v := &JobView{
 		ID: cp.JobID, Workflow: cp.Workflow, Version: cp.Version, DefinitionHash: cp.DefinitionHash,
-		Status: cp.Status, ResumeCount: cp.ResumeCount, Seq: cp.Seq, Current: cp.Current,
+		Status: cp.Status, ResumeCount: cp.ResumeCount, Seq: cp.Seq, Current: cp.Current, Blocked: cp.Blocked,
 		State: cp.State, Vars: cp.Vars, Error: cp.Error, Parent: cp.Parent,
 		CreatedAt: cp.CreatedAt, UpdatedAt: cp.UpdatedAt, CompletedAt: cp.CompletedAt,
 		Steps: []StepView{},

@@ -6,6 +6,7 @@
 // Names, with the default prefix:
 //
 //	bucket   waymark_checkpoints   key <job>            one checkpoint per job
+//	bucket   waymark_effects       key <idempotency key> effect record (the ledger)
 //	bucket   waymark_definitions   key <sha256 hex>     canonical definition JSON
 //	                               key name.<workflow>  hash of the latest stored version
 //	stream   WAYMARK_WORK          waymark.work.<pool>  step messages (work queue)

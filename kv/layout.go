@@ -31,6 +31,7 @@ const (
 const (
 	InboxStart  = "start"
 	InboxResult = "result"
+	InboxSignal = "signal" // a person's decision (an effect resolved)
 )
 
 // Config names and sizes every JetStream resource Waymark uses. Engines and
@@ -67,6 +68,10 @@ type Config struct {
 	MaxMessageBytes int32 `json:"max_message_bytes,omitempty"`
 	// HistoryMaxAge is how long history events are kept. Default 30 days.
 	HistoryMaxAge time.Duration `json:"history_max_age,omitempty"`
+	// EffectRetention is how long effect records are kept after their job
+	// ended (completed or failed); engines sweep older ones. Default 30
+	// days. Records of jobs that have not ended are never swept.
+	EffectRetention time.Duration `json:"effect_retention,omitempty"`
 }
 
 var prefixRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,31}$`)
@@ -103,6 +108,9 @@ func (c Config) WithDefaults() Config {
 	if c.HistoryMaxAge == 0 {
 		c.HistoryMaxAge = DefaultHistoryMaxAge
 	}
+	if c.EffectRetention == 0 {
+		c.EffectRetention = DefaultHistoryMaxAge
+	}
 	return c
 }
 
@@ -136,6 +144,7 @@ func (c Config) Validate() error {
 // Names are the concrete names derived from a Config.
 type Names struct {
 	CheckpointBucket  string // waymark_checkpoints
+	EffectBucket      string // waymark_effects
 	DefinitionBucket  string // waymark_definitions
 	WorkStream        string // WAYMARK_WORK
 	InboxStream       string // WAYMARK_INBOX
@@ -153,6 +162,7 @@ func NamesFor(prefix string) Names {
 	return Names{
 		CheckpointBucket:  prefix + "_checkpoints",
 		DefinitionBucket:  prefix + "_definitions",
+		EffectBucket:      prefix + "_effects",
 		WorkStream:        up + "_WORK",
 		InboxStream:       up + "_INBOX",
 		HistoryStream:     up + "_HISTORY",
@@ -198,6 +208,7 @@ type Store struct {
 	Names       Names
 	Checkpoints *Checkpoints
 	Definitions *Definitions
+	Effects     *Effects
 	log         *slog.Logger
 }
 
@@ -255,6 +266,19 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 	if err != nil {
 		return nil, nil, err
 	}
+	eff, err := s.ensureBucket(ctx, jetstream.KeyValueConfig{
+		Bucket:       n.EffectBucket,
+		Description:  "Waymark effect ledger: key = idempotency key, value = effect record (prepared, dispatched, confirmed, ambiguous, reconciled), written by compare-and-swap",
+		History:      1,
+		MaxValueSize: withHeaderRoom(c.MaxValueBytes),
+		Storage:      s.storage(),
+		Replicas:     c.Replicas,
+		Metadata:     meta,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	s.Effects = &Effects{kv: eff, js: s.JS, maxBytes: int(c.MaxValueBytes)}
 	defs, err = s.ensureBucket(ctx, jetstream.KeyValueConfig{
 		Bucket:       n.DefinitionBucket,
 		Description:  "Waymark workflow definitions: key = sha256 of the canonical JSON; name.<workflow> = latest hash",

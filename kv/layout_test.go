@@ -112,7 +112,7 @@ func TestConfigValidate(t *testing.T) {
 		want := kv.Config{
 			Prefix: "waymark", Replicas: 1, Duplicates: 2 * time.Minute, InboxAckWait: 30 * time.Second,
 			WorkAckWait: 30 * time.Second, WorkMaxDeliver: 20, MaxAckPending: 20000, MaxValueBytes: 1 << 20,
-			MaxMessageBytes: 1 << 20, HistoryMaxAge: 30 * 24 * time.Hour,
+			MaxMessageBytes: 1 << 20, HistoryMaxAge: 30 * 24 * time.Hour, EffectRetention: 30 * 24 * time.Hour,
 		}
 		if got != want {
 			t.Errorf("WithDefaults = %+v, want %+v", got, want)
@@ -226,14 +226,14 @@ func TestOpenCreatesLayout(t *testing.T) {
 	}
 	// The checkpoint bucket leaves room for the headers of a write beyond
 	// MaxValueBytes, which Encode enforces on the checkpoint itself.
-	for bucket, maxValue := range map[string]int32{n.CheckpointBucket: 64<<10 + 1024, n.DefinitionBucket: 8 << 20} {
+	for bucket, maxValue := range map[string]int32{n.CheckpointBucket: 64<<10 + 1024, n.EffectBucket: 64<<10 + 1024, n.DefinitionBucket: 8 << 20} {
 		c := streamConfig(t, b.js, "KV_"+bucket)
 		if c.MaxMsgsPerSubject != 1 || c.MaxMsgSize != maxValue || c.Storage != jetstream.FileStorage {
 			t.Errorf("bucket %s: history %d, max value %d, storage %v", bucket, c.MaxMsgsPerSubject, c.MaxMsgSize, c.Storage)
 		}
 	}
-	if got := streamNames(t, b.js); len(got) != 5 {
-		t.Errorf("streams = %v, want 3 streams and 2 buckets", got)
+	if got := streamNames(t, b.js); len(got) != 6 {
+		t.Errorf("streams = %v, want 3 streams and 3 buckets", got)
 	}
 
 	eng := consumerInfo(t, b.js, n.InboxStream, n.EngineConsumer).Config

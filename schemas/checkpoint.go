@@ -18,10 +18,18 @@ const (
 	JobCompleted   JobStatus = "completed"   // no transition remained; State is final
 	JobFailed      JobStatus = "failed"      // a step failed for good or a transition failed the job; see Error
 	JobQuarantined JobStatus = "quarantined" // the checkpoint could not be trusted; needs a person
+	// JobNeedsReconciliation: an unsafe effect's outcome is unknown; a
+	// person must resolve it (engine effects resolve) before the job goes on.
+	JobNeedsReconciliation JobStatus = "needs_reconciliation"
 )
 
 // Terminal reports whether no further transition can happen.
 func (s JobStatus) Terminal() bool { return s == JobCompleted || s == JobFailed }
+
+// Stopped reports whether the job is terminal or waits for a person.
+func (s JobStatus) Stopped() bool {
+	return s.Terminal() || s == JobNeedsReconciliation || s == JobQuarantined
+}
 
 // StepStatus is where one step of a job stands.
 type StepStatus string
@@ -33,6 +41,7 @@ const (
 	StepRetrying   StepStatus = "retrying"   // the last attempt failed; the next waits for its delay
 	StepCompleted  StepStatus = "completed"  // its output is in State
 	StepFailed     StepStatus = "failed"     // its attempts are exhausted or it failed for good
+	StepBlocked    StepStatus = "blocked"    // its effect is ambiguous; the job waits for reconciliation
 )
 
 // Checkpoint is a job's execution state: one JetStream KV entry per job,
@@ -59,6 +68,10 @@ type Checkpoint struct {
 	// published (DESIGN.md invariant 2); nil when none.
 	Current *Dispatch `json:"current,omitempty"`
 
+	// Blocked is the step whose effect awaits reconciliation, with the
+	// effect's key; set while the job needs reconciliation.
+	Blocked *Blocked `json:"blocked,omitempty"`
+
 	// Cause is the dedup id of the inbox message that produced this Seq. A
 	// redelivery of that same message means its first handler may have died
 	// before publishing Outbox and Current, so they are published again.
@@ -73,7 +86,10 @@ type Checkpoint struct {
 	// ResumedBy names the engine incarnation that recorded the last resume
 	// caused by redelivered inbox messages.
 	ResumedBy string `json:"resumed_by,omitempty"`
-	Error     *Error `json:"error,omitempty"`
+	// Writer names the engine incarnation (one process's life) that wrote
+	// this checkpoint.
+	Writer string `json:"writer,omitempty"`
+	Error  *Error `json:"error,omitempty"`
 
 	Parent      string     `json:"parent,omitempty"` // forked from this job
 	CreatedAt   time.Time  `json:"created_at"`
@@ -100,6 +116,13 @@ type StepRecord struct {
 	LastError    *Error     `json:"last_error,omitempty"`
 	DurationMs   int64      `json:"duration_ms,omitempty"` // wall time of the last attempt
 	CompletedSeq uint64     `json:"completed_seq,omitempty"`
+}
+
+// Blocked names the step and the effect a job waits on.
+type Blocked struct {
+	Step      string `json:"step"`
+	EffectKey string `json:"effect_key"`
+	Reason    string `json:"reason,omitempty"`
 }
 
 // Dispatch is an attempt of a step that has been recorded for publication.

@@ -80,8 +80,11 @@ type Step struct {
 	Retry        *RetryPolicy    `json:"retry,omitempty"`
 	Timeout      Duration        `json:"timeout,omitempty"`
 	With         json.RawMessage `json:"with,omitempty"` // the kind's settings, decoded by the worker
-	Next         []Transition    `json:"next,omitempty"`
-	OnError      string          `json:"on_error,omitempty"`
+	// IdempotencyKey, a text/template over state, names the logical action
+	// when it is not "this step of this job" (an order id, say).
+	IdempotencyKey string       `json:"idempotency_key,omitempty"`
+	Next           []Transition `json:"next,omitempty"`
+	OnError        string       `json:"on_error,omitempty"`
 }
 
 // Transition is one candidate move after a step completes. Transitions are

@@ -53,6 +53,16 @@ func (cp *Checkpoint) AppendJSON(dst []byte) []byte {
 		w.key("current")
 		w.dispatch(cp.Current)
 	}
+	if cp.Blocked != nil {
+		w.key("blocked")
+		w.open()
+		w.strField("step", cp.Blocked.Step)
+		w.strField("effect_key", cp.Blocked.EffectKey)
+		if cp.Blocked.Reason != "" {
+			w.strField("reason", cp.Blocked.Reason)
+		}
+		w.close()
+	}
 	if cp.Cause != "" {
 		w.strField("cause", cp.Cause)
 	}
@@ -70,6 +80,9 @@ func (cp *Checkpoint) AppendJSON(dst []byte) []byte {
 	w.intField("resume_count", int64(cp.ResumeCount))
 	if cp.ResumedBy != "" {
 		w.strField("resumed_by", cp.ResumedBy)
+	}
+	if cp.Writer != "" {
+		w.strField("writer", cp.Writer)
 	}
 	if cp.Error != nil {
 		w.key("error")
@@ -322,6 +335,18 @@ func (w *jsonw) historyData(d *HistoryData) {
 	if len(d.Input) > 0 {
 		w.rawField("input", d.Input)
 	}
+	if d.EffectKey != "" {
+		w.strField("effect_key", d.EffectKey)
+	}
+	if d.EffectState != "" {
+		w.strField("effect_state", d.EffectState)
+	}
+	if d.ExternalID != "" {
+		w.strField("external_id", d.ExternalID)
+	}
+	if d.By != "" {
+		w.strField("by", d.By)
+	}
 	w.close()
 }
 
@@ -384,4 +409,25 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// AppendEffectEvent appends a one-event CloudEvents batch describing an
+// effect ledger transition (rev is the record's KV revision, which makes
+// the event id "<job>/effect/<rev>" unique).
+func AppendEffectEvent(dst []byte, source, typ string, rec *EffectRecord, rev uint64, now time.Time) []byte {
+	d := HistoryData{Job: rec.Job, Step: rec.Step, Attempt: rec.Attempt, EffectKey: rec.Key, EffectState: string(rec.State),
+		ExternalID: rec.ExternalID, ResultDigest: rec.ResultDigest, Reason: rec.Reason, By: rec.ReconciledBy, Error: rec.LastError}
+	w := jsonw{b: append(dst, '[')}
+	w.open()
+	w.strField("specversion", "1.0")
+	w.strField("id", rec.Job+"/effect/"+strconv.FormatUint(rev, 10))
+	w.strField("source", source)
+	w.strField("type", typ)
+	w.strField("subject", rec.Job)
+	w.timeField("time", now)
+	w.strField("datacontenttype", "application/json")
+	w.key("data")
+	w.historyData(&d)
+	w.close()
+	return append(w.b, ']')
 }

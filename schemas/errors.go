@@ -27,6 +27,8 @@ const (
 	CodeUnknownKind       Code = "unknown_kind"       // no worker knows the step's kind
 	CodeProvider          Code = "provider"           // a model or HTTP provider failed
 	CodeCancelled         Code = "cancelled"          // the job or step was cancelled
+	CodeAmbiguous         Code = "ambiguous"          // an unsafe effect's outcome is unknown: a person must decide
+	CodeNotPerformed      Code = "not_performed"      // the provider refused the call: no effect took place
 )
 
 // Sentinels for errors.Is. Each matches every *Error carrying its code.
@@ -43,6 +45,7 @@ var (
 	ErrQuarantined       = &Error{Code: CodeQuarantined}
 	ErrStepFailed        = &Error{Code: CodeStepFailed}
 	ErrUnknownKind       = &Error{Code: CodeUnknownKind}
+	ErrAmbiguous         = &Error{Code: CodeAmbiguous}
 )
 
 // Error is Waymark's typed error. It serialises to a stable JSON object

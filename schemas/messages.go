@@ -43,6 +43,7 @@ type StepResult struct {
 	DurationMs  int64           `json:"duration_ms"`
 	Redelivered bool            `json:"redelivered,omitempty"` // the step message had been delivered before: a worker died or stalled
 	Worker      string          `json:"worker,omitempty"`
+	EffectKey   string          `json:"effect_key,omitempty"` // the ledger key, for steps that are not pure
 }
 
 // History event types (CloudEvents "type" attribute). Every transition of a
@@ -55,7 +56,17 @@ const (
 	EventJobFailed      = "dev.waymark.job.failed"
 	EventStepDispatched = "dev.waymark.step.dispatched"
 	EventStepCompleted  = "dev.waymark.step.completed"
-	EventStepFailed     = "dev.waymark.step.failed" // one attempt failed; Retrying tells whether another follows
+	EventStepFailed     = "dev.waymark.step.failed"  // one attempt failed; Retrying tells whether another follows
+	EventStepBlocked    = "dev.waymark.step.blocked" // an unsafe effect is ambiguous; the job needs reconciliation
+	EventStepUnblocked  = "dev.waymark.step.unblocked"
+	// Effect ledger transitions, published by workers and by whoever
+	// resolves an effect. Data.Effect holds the record.
+	EventEffectPrepared   = "dev.waymark.effect.prepared"
+	EventEffectDispatched = "dev.waymark.effect.dispatched"
+	EventEffectConfirmed  = "dev.waymark.effect.confirmed"
+	EventEffectAmbiguous  = "dev.waymark.effect.ambiguous"
+	EventEffectReconciled = "dev.waymark.effect.reconciled"
+	EventEffectReplayed   = "dev.waymark.effect.replayed" // a settled effect answered an attempt without a call
 )
 
 // HistoryData is the data of a history event.
@@ -74,4 +85,9 @@ type HistoryData struct {
 	Next         string    `json:"next,omitempty"`
 	// Input is the job's input, on job.started only.
 	Input json.RawMessage `json:"input,omitempty"`
+	// EffectKey and EffectState describe effect events.
+	EffectKey   string `json:"effect_key,omitempty"`
+	EffectState string `json:"effect_state,omitempty"`
+	ExternalID  string `json:"external_id,omitempty"`
+	By          string `json:"by,omitempty"`
 }

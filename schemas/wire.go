@@ -29,6 +29,7 @@ const (
 	HeaderDurationMs     = "Waymark-Duration-Ms"
 	HeaderRedelivered    = "Waymark-Redelivered"
 	HeaderWorker         = "Waymark-Worker"
+	HeaderEffectKey      = "Waymark-Effect-Key"
 )
 
 // Outcomes of a result.
@@ -115,6 +116,9 @@ func EncodeStepResult(r *StepResult, h map[string][]string) ([]byte, error) {
 	if r.Worker != "" {
 		set(HeaderWorker, r.Worker)
 	}
+	if r.EffectKey != "" {
+		set(HeaderEffectKey, r.EffectKey)
+	}
 	if r.Error != nil {
 		set(HeaderOutcome, OutcomeError)
 		w := jsonw{}
@@ -137,7 +141,8 @@ func DecodeStepResult(h map[string][]string, body []byte) (*StepResult, error) {
 		}
 		return ""
 	}
-	r := &StepResult{Job: get(HeaderJob), Step: get(HeaderStep), Worker: get(HeaderWorker), Redelivered: get(HeaderRedelivered) == "true"}
+	r := &StepResult{Job: get(HeaderJob), Step: get(HeaderStep), Worker: get(HeaderWorker), Redelivered: get(HeaderRedelivered) == "true",
+		EffectKey: get(HeaderEffectKey)}
 	var err error
 	if r.Attempt, err = positive(get(HeaderAttempt)); err != nil {
 		return nil, fmt.Errorf("step result: %s: %w", HeaderAttempt, err)

@@ -28,14 +28,24 @@ type httpWith struct {
 	URL     string            `json:"url"`
 	Headers map[string]string `json:"headers,omitempty"`
 	Body    string            `json:"body,omitempty"`
+	Lookup  *httpLookup       `json:"lookup,omitempty"`
+}
+
+// httpLookup asks the provider whether the action with the call's
+// idempotency key happened: 200 yes (the body is the result), 404 no.
+type httpLookup struct {
+	Method string `json:"method,omitempty"`
+	URL    string `json:"url"`
 }
 
 type httpRunner struct {
-	method  string
-	url     *template.Template
-	body    *template.Template
-	headers map[string]*template.Template
-	env     *Env
+	method       string
+	url          *template.Template
+	body         *template.Template
+	headers      map[string]*template.Template
+	lookupMethod string
+	lookupURL    *template.Template
+	env          *Env
 }
 
 func (httpKind) Prepare(p *Prep) (Runner, error) {
@@ -67,7 +77,53 @@ func (httpKind) Prepare(p *Prep) (Runner, error) {
 			return nil, err
 		}
 	}
+	if w.Lookup != nil {
+		r.lookupMethod = w.Lookup.Method
+		if r.lookupMethod == "" {
+			r.lookupMethod = http.MethodGet
+		}
+		if r.lookupURL, err = parseTemplate(p.Step.ID+".lookup.url", w.Lookup.URL, p.Env); err != nil {
+			return nil, err
+		}
+	}
+	if p.Definition.EffectOf(p.Step) == schemas.EffectLookup && r.lookupURL == nil {
+		return nil, fmt.Errorf("effect lookup needs with.lookup: the URL that tells whether the action with this idempotency key happened")
+	}
 	return r, nil
+}
+
+// Lookup asks the provider, with the lookup request, whether the call's
+// action happened: 200 (with a JSON body, the result) means it did, 404
+// that it did not; anything else is an error.
+func (r *httpRunner) Lookup(ctx context.Context, c *Call) (bool, any, error) {
+	if r.lookupURL == nil {
+		return false, nil, fmt.Errorf("no with.lookup")
+	}
+	data, err := c.TemplateData()
+	if err != nil {
+		return false, nil, err
+	}
+	url, err := render(r.lookupURL, data)
+	if err != nil {
+		return false, nil, err
+	}
+	status, raw, err := r.do(ctx, c, r.lookupMethod, url, nil, nil)
+	if err != nil {
+		return false, nil, err
+	}
+	switch {
+	case status == http.StatusNotFound:
+		return false, nil, nil
+	case status >= 200 && status <= 299:
+		if len(bytes.TrimSpace(raw)) == 0 {
+			return true, json.RawMessage("{}"), nil
+		}
+		if !json.Valid(raw) {
+			return false, nil, fmt.Errorf("lookup %s: response is not JSON", redactURL(url))
+		}
+		return true, json.RawMessage(raw), nil
+	}
+	return false, nil, fmt.Errorf("lookup %s %s: status %d: %.200s", r.lookupMethod, redactURL(url), status, bytes.TrimSpace(raw))
 }
 
 func (r *httpRunner) Run(ctx context.Context, c *Call) (any, error) {
@@ -90,9 +146,35 @@ func (r *httpRunner) Run(ctx context.Context, c *Call) (any, error) {
 		}
 		body = strings.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, r.method, url, body)
+	status, raw, err := r.do(ctx, c, r.method, url, body, data)
 	if err != nil {
-		return nil, NonRetryable(fmt.Errorf("build request %s %s: %w", r.method, redactURL(url), withoutURL(err)))
+		return nil, err
+	}
+	if status < 200 || status > 299 {
+		e := &schemas.Error{Code: schemas.CodeProvider, Retryable: retryableStatus(status),
+			Message: fmt.Sprintf("%s %s: status %d: %.300s", r.method, redactURL(url), status, bytes.TrimSpace(raw))}
+		if status >= 400 && status < 500 && status != http.StatusConflict {
+			// The provider answered and refused: nothing happened. (409 is
+			// another request with the same key still in progress.)
+			return nil, NotPerformed(e)
+		}
+		return nil, e
+	}
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return json.RawMessage("{}"), nil
+	}
+	if !json.Valid(raw) {
+		return nil, NonRetryable(schemas.Errorf(schemas.CodeOutputInvalid, "%s %s: response is not JSON: %.200s", r.method, redactURL(url), raw))
+	}
+	return json.RawMessage(raw), nil
+}
+
+// do sends one request with the call's Idempotency-Key and returns the
+// status and body. A transport error leaves the outcome unknown.
+func (r *httpRunner) do(ctx context.Context, c *Call, method, url string, body io.Reader, data map[string]any) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, url, body)
+	if err != nil {
+		return 0, nil, NonRetryable(fmt.Errorf("build request %s %s: %w", method, redactURL(url), withoutURL(err)))
 	}
 	if body != nil {
 		// Make the request non-replayable: net/http's Transport resends a
@@ -102,44 +184,34 @@ func (r *httpRunner) Run(ctx context.Context, c *Call) (any, error) {
 		// recorded, with the same key), so the transport must not. A 307 or
 		// 308 redirect is then returned as it is rather than followed.
 		req.GetBody = nil
+		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("Idempotency-Key", c.IdempotencyKey)
 	req.Header.Set("Accept", "application/json")
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	for k, t := range r.headers {
-		v, err := render(t, data)
-		if err != nil {
-			return nil, NonRetryable(err)
+	if data != nil {
+		for k, t := range r.headers {
+			v, err := render(t, data)
+			if err != nil {
+				return 0, nil, NonRetryable(err)
+			}
+			req.Header.Set(k, v)
 		}
-		req.Header.Set(k, v)
 	}
 	resp, err := r.env.httpClient().Do(req)
 	if err != nil {
 		// The request may have reached the server and been acted on; the
 		// idempotency key makes asking again safe.
-		return nil, &schemas.Error{Code: schemas.CodeProvider, Retryable: true, Message: fmt.Sprintf("%s %s: %v", r.method, redactURL(url), withoutURL(err))}
+		return 0, nil, &schemas.Error{Code: schemas.CodeProvider, Retryable: true, Message: fmt.Sprintf("%s %s: %v", method, redactURL(url), withoutURL(err))}
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, MaxHTTPResponseBytes+1))
 	if err != nil {
-		return nil, &schemas.Error{Code: schemas.CodeProvider, Retryable: true, Message: fmt.Sprintf("%s %s: read response: %v", r.method, redactURL(url), err)}
+		return 0, nil, &schemas.Error{Code: schemas.CodeProvider, Retryable: true, Message: fmt.Sprintf("%s %s: read response: %v", method, redactURL(url), err)}
 	}
 	if len(raw) > MaxHTTPResponseBytes {
-		return nil, NonRetryable(schemas.Errorf(schemas.CodeTooLarge, "%s %s: response over %d bytes", r.method, redactURL(url), MaxHTTPResponseBytes))
+		return 0, nil, NonRetryable(schemas.Errorf(schemas.CodeTooLarge, "%s %s: response over %d bytes", method, redactURL(url), MaxHTTPResponseBytes))
 	}
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return nil, &schemas.Error{Code: schemas.CodeProvider, Retryable: retryableStatus(resp.StatusCode),
-			Message: fmt.Sprintf("%s %s: status %d: %.300s", r.method, redactURL(url), resp.StatusCode, bytes.TrimSpace(raw))}
-	}
-	if len(bytes.TrimSpace(raw)) == 0 {
-		return json.RawMessage("{}"), nil
-	}
-	if !json.Valid(raw) {
-		return nil, NonRetryable(schemas.Errorf(schemas.CodeOutputInvalid, "%s %s: response is not JSON: %.200s", r.method, redactURL(url), raw))
-	}
-	return json.RawMessage(raw), nil
+	return resp.StatusCode, raw, nil
 }
 
 // retryableStatus: timeouts, conflicts (a request with the same key still

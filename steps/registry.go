@@ -217,9 +217,10 @@ func contains(xs []string, x string) bool {
 
 // stepError carries how a step failed.
 type stepError struct {
-	err       error
-	retryable bool
-	code      schemas.Code
+	err          error
+	retryable    bool
+	code         schemas.Code
+	notPerformed bool // the provider refused: no effect took place
 }
 
 func (e *stepError) Error() string { return e.err.Error() }

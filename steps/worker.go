@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"text/template"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -70,12 +71,13 @@ type Worker struct {
 }
 
 type preparedStep struct {
-	step   *schemas.Step
-	def    *schemas.Definition
-	runner Runner
-	input  *schemas.Validator
-	output *schemas.Validator
-	err    error // preparation failed: every attempt fails with it
+	step        *schemas.Step
+	def         *schemas.Definition
+	runner      Runner
+	input       *schemas.Validator
+	output      *schemas.Validator
+	keyTemplate *template.Template // the step's idempotency_key, if any
+	err         error              // preparation failed: every attempt fails with it
 }
 
 // NewWorker returns a Worker. Errors name the bad field.
@@ -218,7 +220,15 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 		_ = m.NakWithDelay(time.Second)
 		return
 	}
-	res := w.run(ctx, m, ps, sm, log)
+	res, stale := w.run(ctx, m, ps, sm, delivered, log)
+	if stale {
+		// The engine has moved past this attempt (or a later delivery owns
+		// its effect): nothing to report, nothing to run again.
+		w.ctr.stale.Add(1)
+		log.Info("attempt is no longer current; dropping it")
+		_ = m.Ack()
+		return
+	}
 	if ctx.Err() != nil {
 		// Shutting down: the attempt's outcome is not trustworthy; hand
 		// the message back. Not at once: this worker's last pull request
@@ -255,14 +265,14 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 
 // run performs the attempt and returns its result, with the lease
 // extended by heartbeats while the kind runs.
-func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm *schemas.StepMessage, log *slog.Logger) *schemas.StepResult {
+func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm *schemas.StepMessage, delivered uint64, log *slog.Logger) (*schemas.StepResult, bool) {
 	res := &schemas.StepResult{Job: sm.Job, Step: sm.Step, Attempt: sm.Attempt}
-	fail := func(e *schemas.Error) *schemas.StepResult {
+	fail := func(e *schemas.Error) (*schemas.StepResult, bool) {
 		w.ctr.failed.Add(1)
 		res.Error = e
 		res.Output = nil
 		log.Info("step attempt failed", "code", e.Code, "retryable", e.Retryable, "err", e.Message)
-		return res
+		return res, false
 	}
 	if ps.err != nil {
 		return fail(&schemas.Error{Code: schemas.CodeDefinitionInvalid, Message: ps.err.Error()})
@@ -276,14 +286,32 @@ func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm 
 			return fail(&schemas.Error{Code: schemas.CodeInputInvalid, Message: "state does not match the step's input_schema: " + err.Error()})
 		}
 	}
+	effectful := ps.def.EffectOf(ps.step) != schemas.EffectPure
+	if effectful {
+		key, err := ps.effectKey(call)
+		if err != nil {
+			return fail(&schemas.Error{Code: schemas.CodeInputInvalid, Message: "idempotency_key: " + err.Error()})
+		}
+		call.IdempotencyKey = key
+		res.EffectKey = key
+	}
 	timeout := ps.def.TimeoutOf(ps.step)
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	stop := w.heartbeat(m, time.Now().Add(timeout+w.cfg.Heartbeat))
 	start := time.Now()
-	out, err := safeRun(rctx, ps.runner, call)
+	var out any
+	var err error
+	if effectful {
+		out, err = w.runEffect(rctx, ps, call, delivered)
+	} else {
+		out, err = safeRun(rctx, ps.runner, call)
+	}
 	stop()
 	res.DurationMs = time.Since(start).Milliseconds()
+	if errors.Is(err, errStaleAttempt) {
+		return nil, true
+	}
 	if err != nil {
 		e := toError(err)
 		if rctx.Err() == context.DeadlineExceeded && ctx.Err() == nil {
@@ -305,7 +333,7 @@ func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm 
 	}
 	w.ctr.succeeded.Add(1)
 	res.Output = raw
-	return res
+	return res, false
 }
 
 // safeRun calls the runner, turning a panic in step code into a
@@ -322,6 +350,9 @@ func safeRun(ctx context.Context, r Runner, c *Call) (out any, err error) {
 }
 
 func encodeOutput(out any) (json.RawMessage, error) {
+	if o, ok := out.(*Outcome); ok {
+		out = o.Output
+	}
 	switch v := out.(type) {
 	case nil:
 		return json.RawMessage("null"), nil
@@ -433,6 +464,9 @@ func (w *Worker) prepare(ctx context.Context, hash, stepID string) (*preparedSte
 	default:
 		ps.runner, ps.err = kind.Prepare(&Prep{Definition: def, Step: ps.step, Index: idx, Env: w.cfg.Env})
 	}
+	if ps.err == nil && ps.step.IdempotencyKey != "" {
+		ps.keyTemplate, ps.err = parseTemplate(stepID+".idempotency_key", ps.step.IdempotencyKey, w.cfg.Env)
+	}
 	if ps.err == nil {
 		ps.input, ps.err = schemas.CompileSchema(stepID+".input_schema", ps.step.InputSchema)
 	}
@@ -445,22 +479,31 @@ func (w *Worker) prepare(ctx context.Context, hash, stepID string) (*preparedSte
 
 // WorkerStats are a worker's counters since it started.
 type WorkerStats struct {
-	Started      uint64 `json:"steps_started"`
-	Succeeded    uint64 `json:"steps_succeeded"`
-	Failed       uint64 `json:"steps_failed"`
-	Redeliveries uint64 `json:"redeliveries"` // deliveries after a worker died or stalled
-	Held         uint64 `json:"held_for_retry_delay"`
-	Published    uint64 `json:"results_published"`
-	Heartbeats   uint64 `json:"heartbeats"`
+	// ReplayedEffects counts attempts answered from the ledger without a
+	// call (the effect had already happened); AmbiguousEffects, effects
+	// declared ambiguous; Stale, attempts dropped because the engine had
+	// moved on.
+	ReplayedEffects  uint64 `json:"replayed_effects"`
+	AmbiguousEffects uint64 `json:"ambiguous_effects"`
+	Stale            uint64 `json:"stale_attempts"`
+	Started          uint64 `json:"steps_started"`
+	Succeeded        uint64 `json:"steps_succeeded"`
+	Failed           uint64 `json:"steps_failed"`
+	Redeliveries     uint64 `json:"redeliveries"` // deliveries after a worker died or stalled
+	Held             uint64 `json:"held_for_retry_delay"`
+	Published        uint64 `json:"results_published"`
+	Heartbeats       uint64 `json:"heartbeats"`
 }
 
 type workerCounters struct {
 	started, succeeded, failed, redeliveries, held, published, heartbeats atomic.Uint64
+	replayedEffects, ambiguousEffects, stale                              atomic.Uint64
 }
 
 // Stats returns a snapshot of the worker's counters. Safe for concurrent use.
 func (w *Worker) Stats() WorkerStats {
 	c := &w.ctr
-	return WorkerStats{Started: c.started.Load(), Succeeded: c.succeeded.Load(), Failed: c.failed.Load(),
+	return WorkerStats{ReplayedEffects: c.replayedEffects.Load(), AmbiguousEffects: c.ambiguousEffects.Load(), Stale: c.stale.Load(),
+		Started: c.started.Load(), Succeeded: c.succeeded.Load(), Failed: c.failed.Load(),
 		Redeliveries: c.redeliveries.Load(), Held: c.held.Load(), Published: c.published.Load(), Heartbeats: c.heartbeats.Load()}
 }

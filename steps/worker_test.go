@@ -33,23 +33,28 @@ assets:
 steps:
   - id: echo
     kind: echo
+    effect: pure
     output_schema:
       type: object
       required: [answer]
       properties: {answer: {type: string}}
   - id: strict
     kind: echo
+    effect: pure
     input_schema:
       type: object
       required: [report]
       properties: {report: {type: string}}
   - id: boom
     kind: panic
+    effect: pure
   - id: slow
     kind: wait
+    effect: pure
     timeout: 200ms
   - id: long
     kind: wait
+    effect: pure
   - id: alien
     kind: alien
   - id: noop
@@ -238,6 +243,7 @@ func (b *workerBundle) send(sm schemas.StepMessage) schemas.StepMessage {
 	if len(sm.State) == 0 {
 		sm.State = json.RawMessage(`{}`)
 	}
+	b.recordDispatch(sm)
 	h := nats.Header{}
 	data, err := schemas.EncodeStepMessage(&sm, h)
 	if err != nil {
@@ -245,6 +251,28 @@ func (b *workerBundle) send(sm schemas.StepMessage) schemas.StepMessage {
 	}
 	b.publishRaw(h, data, schemas.StepMsgID(sm.Job, sm.Step, sm.Attempt))
 	return sm
+}
+
+// recordDispatch writes the job's checkpoint as the engine does before it
+// publishes a step (intent before action): effectful steps check it.
+func (b *workerBundle) recordDispatch(sm schemas.StepMessage) {
+	b.t.Helper()
+	ctx := context.Background()
+	now := time.Now().UTC()
+	cp := &schemas.Checkpoint{Schema: schemas.CheckpointSchema, JobID: sm.Job, Workflow: b.def.Name, Version: b.def.Version,
+		DefinitionHash: sm.DefinitionHash, Seq: 1, Status: schemas.JobRunning, State: sm.State, CreatedAt: now, UpdatedAt: now,
+		Current: &schemas.Dispatch{Step: sm.Step, Attempt: sm.Attempt, RunAttempt: sm.RunAttempt, MsgID: schemas.StepMsgID(sm.Job, sm.Step, sm.Attempt), Pool: "default", DispatchedAt: now}}
+	ent, err := b.store.Checkpoints.Get(ctx, sm.Job)
+	switch {
+	case errors.Is(err, schemas.ErrNotFound):
+		_, err = b.store.Checkpoints.Create(ctx, cp)
+	case err == nil:
+		cp.Seq = ent.Checkpoint.Seq + 1
+		_, err = b.store.Checkpoints.Update(ctx, cp, ent.Revision)
+	}
+	if err != nil {
+		b.t.Fatalf("record dispatch of %s: %v", sm.Job, err)
+	}
 }
 
 // publishRaw publishes a step message as it is, headers and body.

@@ -165,7 +165,7 @@ func (g *globals) startStack(ctx context.Context, emb *embeddedFlags, o stackOpt
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.cancel = cancel
 	if o.engines > 0 {
-		if s.engine, err = engine.New(engine.Config{Store: s.store, Logger: o.log, Failpoints: fp}); err != nil {
+		if s.engine, err = engine.New(engine.Config{Store: s.store, Logger: o.log, Failpoints: fp, SoleEngine: s.srv != nil}); err != nil {
 			return fail(err)
 		}
 		s.goRun(runCtx, s.engine.Run)
@@ -332,12 +332,19 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 			}
 		}
 	}
-	if view.Status == schemas.JobFailed {
+	switch view.Status {
+	case schemas.JobFailed:
 		reason := "no reason recorded"
 		if view.Error != nil {
 			reason = view.Error.Error()
 		}
 		return &ExitError{Code: 1, Err: fmt.Errorf("job %s failed: %s", view.ID, reason)}
+	case schemas.JobNeedsReconciliation:
+		key := ""
+		if view.Blocked != nil {
+			key = view.Blocked.EffectKey
+		}
+		return &ExitError{Code: 3, Err: fmt.Errorf("job %s needs reconciliation: the outcome of effect %s is unknown. Find out whether it happened, then run `engine effects resolve %s --happened [--external-id ID] [--result FILE]` or `--not-happened`; the job resumes by itself", view.ID, key, key)}
 	}
 	return nil
 }
@@ -367,6 +374,16 @@ func printEvent(w io.Writer, h engine.HistoryEvent) {
 		fmt.Fprintf(w, "  %-20s attempt %-3d %s  %dms%s\n", d.Step, d.Attempt, what, d.DurationMs, msg)
 	case schemas.EventJobResumed:
 		fmt.Fprintf(w, "  (resumed: %s)\n", d.Reason)
+	case schemas.EventStepBlocked:
+		fmt.Fprintf(w, "  %-20s attempt %-3d blocked: effect %s is ambiguous; the job needs reconciliation\n", d.Step, d.Attempt, d.EffectKey)
+	case schemas.EventStepUnblocked:
+		fmt.Fprintf(w, "  %-20s unblocked: effect %s resolved by %s\n", d.Step, d.EffectKey, d.By)
+	case schemas.EventEffectConfirmed, schemas.EventEffectAmbiguous, schemas.EventEffectReconciled, schemas.EventEffectReplayed:
+		ext := ""
+		if d.ExternalID != "" {
+			ext = " (" + d.ExternalID + ")"
+		}
+		fmt.Fprintf(w, "  %-20s attempt %-3d effect %s%s\n", d.Step, d.Attempt, strings.TrimPrefix(h.Type, "dev.waymark.effect."), ext)
 	case schemas.EventJobFailed:
 		msg := ""
 		if d.Error != nil {

@@ -1,0 +1,103 @@
+package schemas
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// EffectState is where a side effect stands in the effect ledger. The
+// states and the rule that a missing response is never taken as "did not
+// happen" follow DESIGN.md invariant 4.
+//
+//	            create-only              CAS                  CAS
+//	(none) ──────────────► prepared ──────────► dispatched ──────────► confirmed
+//	                          ▲                    │    │
+//	                          │ refused by the     │    └──(unsafe, outcome unknown)──► ambiguous
+//	                          │ provider (no effect)│                                      │
+//	                          └────────────────────┘          a person or a lookup ──────► reconciled
+type EffectState string
+
+// Effect states.
+const (
+	// EffectPrepared: written create-only before any external call. The
+	// call has not been made: any attempt may make it.
+	EffectPrepared EffectState = "prepared"
+	// EffectDispatched: the call is being made, or was made and its outcome
+	// was never recorded. Only the idempotency key (retry), a lookup or a
+	// person can say what happened.
+	EffectDispatched EffectState = "dispatched"
+	// EffectConfirmed: the call returned; the record holds its result.
+	EffectConfirmed EffectState = "confirmed"
+	// EffectAmbiguous: an unsafe effect whose outcome is unknown. The job
+	// waits in JobNeedsReconciliation until a person decides.
+	EffectAmbiguous EffectState = "ambiguous"
+	// EffectReconciled: settled from outside: it happened (with a result)
+	// or it did not (and may be performed).
+	EffectReconciled EffectState = "reconciled"
+)
+
+// EffectRecord is one logical side effect in the ledger, keyed by its
+// idempotency key. Every transition is a compare-and-swap on the KV
+// revision and is also appended to the job's history.
+type EffectRecord struct {
+	Key   string      `json:"key"`
+	Job   string      `json:"job"`
+	Step  string      `json:"step"`
+	Class EffectClass `json:"class"`
+	State EffectState `json:"state"`
+
+	// Attempt and Delivery identify the attempt that last wrote the record
+	// (the delivery count of its step message breaks ties): a worker whose
+	// (attempt, delivery) is below the record's has been overtaken and
+	// must not call out (fencing).
+	Attempt  int    `json:"attempt"`
+	Delivery uint64 `json:"delivery"`
+	Worker   string `json:"worker,omitempty"`
+
+	ExternalID   string          `json:"external_id,omitempty"`
+	ResultDigest string          `json:"result_digest,omitempty"`
+	Result       json.RawMessage `json:"result,omitempty"`
+	LastError    *Error          `json:"last_error,omitempty"`
+	Reason       string          `json:"reason,omitempty"` // why ambiguous
+
+	// Happened is set when reconciled: whether the effect took place.
+	Happened     *bool     `json:"happened,omitempty"`
+	ReconciledBy string    `json:"reconciled_by,omitempty"`
+	Note         string    `json:"note,omitempty"`
+	Calls        int       `json:"calls"` // external calls made for this key (lookups excluded)
+	PreparedAt   time.Time `json:"prepared_at"`
+	DispatchedAt time.Time `json:"dispatched_at,omitzero"`
+	SettledAt    time.Time `json:"settled_at,omitzero"` // confirmed, ambiguous or reconciled
+	UpdatedAt    time.Time `json:"updated_at"`
+}
+
+// Settled reports whether the record holds a final answer: confirmed, or
+// reconciled as having happened.
+func (r *EffectRecord) Settled() bool {
+	return r.State == EffectConfirmed || (r.State == EffectReconciled && r.Happened != nil && *r.Happened)
+}
+
+// EffectResolution is what a person says about an ambiguous effect.
+type EffectResolution struct {
+	Happened   bool            `json:"happened"`
+	ExternalID string          `json:"external_id,omitempty"`
+	Result     json.RawMessage `json:"result,omitempty"` // the effect's result when it happened; becomes the step's output
+	By         string          `json:"by"`
+	Note       string          `json:"note,omitempty"`
+}
+
+// Signal asks the engine to act on a job from outside: published to the
+// inbox as waymark.inbox.signal.<job>.
+type Signal struct {
+	Job  string `json:"job"`
+	Type string `json:"type"` // SignalEffectResolved
+	Key  string `json:"key,omitempty"`
+	By   string `json:"by,omitempty"`
+}
+
+// Signal types.
+const (
+	// SignalEffectResolved: an ambiguous effect was reconciled; a job
+	// waiting on it can go on.
+	SignalEffectResolved = "effect_resolved"
+)

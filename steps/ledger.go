@@ -1,0 +1,343 @@
+package steps
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/waymark-dev/waymark/internal/failpoint"
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// This file is the worker's side of the effect ledger (DESIGN.md
+// invariants 4 and 5). A step whose effect class is not pure runs through
+// runEffect, which records the effect prepared (create-only) before the
+// call, dispatched just before it, confirmed with the result right after,
+// and consults the record before any call: a settled effect answers
+// without calling out; one that may have been performed is retried with
+// the same key (idempotent), looked up (lookup), or declared ambiguous
+// (unsafe) for a person to settle. A missing response is never taken as
+// "did not happen".
+
+// Looker is implemented by a kind's Runner whose provider can be asked
+// whether the action with the call's idempotency key happened (effect
+// class lookup). found=false means it certainly did not; an error means
+// the question could not be answered.
+type Looker interface {
+	Lookup(ctx context.Context, c *Call) (found bool, output any, err error)
+}
+
+// Outcome lets a Runner report, with its output, the provider's id for
+// the effect (a charge id, a ticket number); the ledger records it.
+type Outcome struct {
+	Output     any
+	ExternalID string
+}
+
+// NotPerformed marks err as a refusal: the provider answered and did not
+// perform the action (an HTTP 4xx, say), so calling again is safe even
+// for an unsafe effect. Errors without it leave the outcome unknown.
+func NotPerformed(err error) error {
+	if err == nil {
+		return nil
+	}
+	var se *stepError
+	if errors.As(err, &se) {
+		c := *se
+		c.notPerformed = true
+		return &c
+	}
+	e := toError(err)
+	return &stepError{err: e, retryable: e.Retryable, notPerformed: true}
+}
+
+func notPerformed(err error) bool {
+	var se *stepError
+	return errors.As(err, &se) && se.notPerformed
+}
+
+// errStaleAttempt: the attempt is no longer the job's current one (the
+// engine moved on, or a later delivery took the effect over). The worker
+// acknowledges the message and publishes nothing.
+var errStaleAttempt = errors.New("attempt is no longer current")
+
+// effectKey is the call's ledger key: the idempotency key the engine
+// derived (job, step, run), or, when the step names its action with an
+// idempotency_key template, the workflow, the step and a digest of that.
+func (ps *preparedStep) effectKey(c *Call) (string, error) {
+	if ps.keyTemplate == nil {
+		return c.IdempotencyKey, nil
+	}
+	data, err := c.TemplateData()
+	if err != nil {
+		return "", err
+	}
+	v, err := render(ps.keyTemplate, data)
+	if err != nil {
+		return "", err
+	}
+	if v == "" {
+		return "", fmt.Errorf("idempotency_key rendered empty")
+	}
+	sum := sha256.Sum256([]byte(v))
+	return ps.def.Name + "/" + ps.step.ID + "/k-" + hex.EncodeToString(sum[:16]), nil
+}
+
+// fence reports errStaleAttempt unless the checkpoint still records this
+// attempt as the step's current dispatch (the fencing token).
+func (w *Worker) fence(ctx context.Context, c *Call) error {
+	ent, err := w.store.Checkpoints.Get(ctx, c.Job)
+	if err != nil {
+		return Retryable(fmt.Errorf("read checkpoint for fencing: %w", err))
+	}
+	cp := ent.Checkpoint
+	if cp.Status != schemas.JobRunning || cp.Current == nil || cp.Current.Step != c.Step.ID || cp.Current.Attempt != c.Attempt {
+		return errStaleAttempt
+	}
+	return nil
+}
+
+// runEffect performs the call under the ledger's protocol.
+func (w *Worker) runEffect(ctx context.Context, ps *preparedStep, c *Call, delivery uint64) (any, error) {
+	class := ps.def.EffectOf(ps.step)
+	key := c.IdempotencyKey
+	if err := w.fence(ctx, c); err != nil {
+		return nil, err
+	}
+	eff := w.store.Effects
+	now := time.Now().UTC()
+	var rec *schemas.EffectRecord
+	var rev uint64
+	for try := 0; ; try++ {
+		if try == 8 {
+			return nil, Retryable(fmt.Errorf("effect %s: kept changing under this attempt", key))
+		}
+		ent, err := eff.Get(ctx, key)
+		switch {
+		case errors.Is(err, schemas.ErrNotFound):
+			rec = &schemas.EffectRecord{Key: key, Job: c.Job, Step: c.Step.ID, Class: class, State: schemas.EffectPrepared,
+				Attempt: c.Attempt, Delivery: delivery, Worker: w.cfg.ID, PreparedAt: now, UpdatedAt: now}
+			rev, err = eff.Create(ctx, rec)
+			if errors.Is(err, schemas.ErrConflict) {
+				continue // prepared by a concurrent delivery: decide on its record
+			}
+			if err != nil {
+				return nil, Retryable(err)
+			}
+			w.effectEvent(ctx, rec, rev, schemas.EventEffectPrepared)
+		case err != nil:
+			return nil, Retryable(err)
+		default:
+			rec, rev = ent.Record, ent.Revision
+		}
+		if rec.Settled() {
+			// Performed before, with a known result: answer with it.
+			w.ctr.replayedEffects.Add(1)
+			w.effectEvent(ctx, rec, rev, schemas.EventEffectReplayed)
+			return recordedOutput(rec), nil
+		}
+		if rec.State == schemas.EffectAmbiguous {
+			return nil, ambiguousError(rec)
+		}
+		if rec.Attempt > c.Attempt || (rec.Attempt == c.Attempt && rec.Delivery > delivery) {
+			return nil, errStaleAttempt // a later delivery owns the effect
+		}
+		if rec.State == schemas.EffectDispatched {
+			switch class {
+			case schemas.EffectIdempotent:
+				// Safe to call again: the provider recognises the key.
+			case schemas.EffectLookup:
+				if out, found, err := w.lookup(ctx, ps, c); err != nil {
+					return nil, Retryable(fmt.Errorf("effect %s: look up whether it happened: %w", key, err))
+				} else if found {
+					return w.confirm(ctx, rec, rev, c, delivery, out)
+				}
+			default:
+				next := *rec
+				next.State, next.UpdatedAt, next.SettledAt = schemas.EffectAmbiguous, now, now
+				next.Reason = "an earlier attempt dispatched the call and its outcome was never recorded; the provider can neither deduplicate nor be asked"
+				nrev, err := eff.Update(ctx, &next, rev)
+				if errors.Is(err, schemas.ErrConflict) {
+					continue
+				}
+				if err != nil {
+					return nil, Retryable(err)
+				}
+				w.ctr.ambiguousEffects.Add(1)
+				w.effectEvent(ctx, &next, nrev, schemas.EventEffectAmbiguous)
+				return nil, ambiguousError(&next)
+			}
+		}
+		w.cfg.Failpoints.Inject(ctx, failpoint.WorkerAfterPrepared)
+		next := *rec
+		next.State, next.Attempt, next.Delivery, next.Worker = schemas.EffectDispatched, c.Attempt, delivery, w.cfg.ID
+		next.DispatchedAt, next.UpdatedAt, next.LastError = now, now, nil
+		next.Calls++
+		nrev, err := eff.Update(ctx, &next, rev)
+		if errors.Is(err, schemas.ErrConflict) {
+			continue
+		}
+		if err != nil {
+			return nil, Retryable(err)
+		}
+		rec, rev = &next, nrev
+		break
+	}
+	w.effectEvent(ctx, rec, rev, schemas.EventEffectDispatched)
+
+	out, runErr := safeRun(ctx, ps.runner, c)
+	w.cfg.Failpoints.Inject(ctx, failpoint.WorkerAfterRemoteCommit)
+	// Whatever happened must be recorded, even if this attempt's context
+	// has ended meanwhile (a timeout, a worker shutting down).
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if runErr != nil {
+		return nil, w.callFailed(lctx, rec, rev, class, runErr)
+	}
+	return w.confirm(lctx, rec, rev, c, delivery, out)
+}
+
+// confirm records the effect's result, then checks the fencing token again
+// before the result is published.
+func (w *Worker) confirm(ctx context.Context, rec *schemas.EffectRecord, rev uint64, c *Call, delivery uint64, out any) (any, error) {
+	raw, err := encodeOutput(out)
+	if err != nil {
+		return nil, NonRetryable(err)
+	}
+	now := time.Now().UTC()
+	for try := 0; ; try++ {
+		next := *rec
+		next.State, next.Result, next.ResultDigest = schemas.EffectConfirmed, raw, digestOf(raw)
+		next.ExternalID = externalID(out, raw)
+		next.SettledAt, next.UpdatedAt, next.LastError, next.Reason = now, now, nil, ""
+		nrev, err := w.store.Effects.Update(ctx, &next, rev)
+		if errors.Is(err, schemas.ErrConflict) && try < 8 {
+			// Someone else wrote meanwhile (a later delivery gave up on this
+			// one). This call did happen: record it over theirs, unless the
+			// record already holds a settled answer.
+			ent, gerr := w.store.Effects.Get(ctx, rec.Key)
+			if gerr != nil {
+				return nil, Retryable(gerr)
+			}
+			if ent.Record.Settled() {
+				return recordedOutput(ent.Record), w.fence(ctx, c)
+			}
+			rec, rev = ent.Record, ent.Revision
+			continue
+		}
+		if err != nil {
+			// The call happened but is not recorded: leave it dispatched; the
+			// next attempt retries with the key, looks it up, or reports it
+			// ambiguous.
+			return nil, Retryable(fmt.Errorf("effect %s performed but not recorded: %w", rec.Key, err))
+		}
+		w.cfg.Failpoints.Inject(ctx, failpoint.WorkerAfterConfirm)
+		w.effectEvent(ctx, &next, nrev, schemas.EventEffectConfirmed)
+		if err := w.fence(ctx, c); err != nil {
+			return nil, err
+		}
+		return json.RawMessage(raw), nil
+	}
+}
+
+// callFailed records a failed call: a refusal returns the record to
+// prepared (calling again is safe); an unknown outcome leaves it
+// dispatched, or makes an unsafe effect ambiguous at once.
+func (w *Worker) callFailed(ctx context.Context, rec *schemas.EffectRecord, rev uint64, class schemas.EffectClass, runErr error) error {
+	now := time.Now().UTC()
+	next := *rec
+	next.LastError = toError(runErr)
+	next.UpdatedAt = now
+	evType := ""
+	switch {
+	case notPerformed(runErr):
+		next.State = schemas.EffectPrepared
+		evType = schemas.EventEffectPrepared
+	case class == schemas.EffectUnsafe:
+		next.State, next.SettledAt = schemas.EffectAmbiguous, now
+		next.Reason = "the call failed without a clear answer (" + next.LastError.Message + "); the provider can neither deduplicate nor be asked"
+		evType = schemas.EventEffectAmbiguous
+	}
+	nrev, err := w.store.Effects.Update(ctx, &next, rev)
+	if err != nil {
+		return Retryable(fmt.Errorf("%w (and recording the failure: %v)", runErr, err))
+	}
+	if evType != "" {
+		w.effectEvent(ctx, &next, nrev, evType)
+	}
+	if next.State == schemas.EffectAmbiguous {
+		w.ctr.ambiguousEffects.Add(1)
+		return ambiguousError(&next)
+	}
+	return runErr
+}
+
+func (w *Worker) lookup(ctx context.Context, ps *preparedStep, c *Call) (any, bool, error) {
+	l, ok := ps.runner.(Looker)
+	if !ok {
+		return nil, false, fmt.Errorf("step kind %q cannot look effects up (effect class lookup needs it)", ps.step.Kind)
+	}
+	found, out, err := l.Lookup(ctx, c)
+	return out, found, err
+}
+
+func ambiguousError(rec *schemas.EffectRecord) error {
+	return &schemas.Error{Code: schemas.CodeAmbiguous,
+		Message: fmt.Sprintf("effect %s is ambiguous: %s; settle it with `engine effects resolve %s --happened|--not-happened`", rec.Key, rec.Reason, rec.Key)}
+}
+
+func recordedOutput(rec *schemas.EffectRecord) json.RawMessage {
+	if len(rec.Result) == 0 {
+		return json.RawMessage("{}")
+	}
+	return rec.Result
+}
+
+// externalID takes the provider's id from an Outcome, else from a
+// top-level "id" of the output.
+func externalID(out any, raw []byte) string {
+	if o, ok := out.(*Outcome); ok && o.ExternalID != "" {
+		return o.ExternalID
+	}
+	var top struct {
+		ID any `json:"id"`
+	}
+	if json.Unmarshal(raw, &top) != nil {
+		return ""
+	}
+	switch v := top.ID.(type) {
+	case string:
+		return v
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64)
+	}
+	return ""
+}
+
+func digestOf(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:16])
+}
+
+// effectEvent appends a ledger transition to the job's history. The
+// record itself is the source of truth; an event lost to a crash is a gap
+// in the narrative, not in the ledger.
+func (w *Worker) effectEvent(ctx context.Context, rec *schemas.EffectRecord, rev uint64, typ string) {
+	m := nats.NewMsg(w.store.Names.HistorySubject(rec.Job))
+	m.Data = schemas.AppendEffectEvent(nil, "/waymark/worker", typ, rec, rev, time.Now().UTC())
+	m.Header.Set(jetstream.MsgIDHeader, rec.Job+"/effect/"+strconv.FormatUint(rev, 10)+"/"+typ)
+	m.Header.Set("Content-Type", "application/cloudevents-batch+json")
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := w.store.JS.PublishMsg(pctx, m); err != nil {
+		w.log.Warn("effect event not recorded in history", "key", rec.Key, "type", typ, "err", err)
+	}
+}
