@@ -192,6 +192,15 @@ type plan struct {
 	conflicted bool
 }
 
+// dispatchedStep is the step the plan's transition dispatches, for
+// failpoints; "" when none.
+func (p *plan) dispatchedStep() string {
+	if p.next != nil && p.next.Current != nil {
+		return p.next.Current.Step
+	}
+	return ""
+}
+
 // tally is what deciding a plan found, counted only when it is settled so
 // that a decision made again after a conflict is not counted twice.
 type tally struct {
@@ -207,7 +216,11 @@ func (e *Engine) handleBatch(ctx context.Context, msgs []jetstream.Msg) {
 		}
 	}
 	for _, it := range items {
-		e.fp.Inject(ctx, failpoint.EngineAfterIntake)
+		step := ""
+		if it.result != nil {
+			step = it.result.Step
+		}
+		e.fp.InjectStep(ctx, failpoint.EngineAfterIntake, step)
 		if it.delivered > 1 {
 			e.ctr.inboxRedelivered.Add(1)
 		}
@@ -251,7 +264,9 @@ func (e *Engine) handleBatch(ctx context.Context, msgs []jetstream.Msg) {
 		pending = again
 	}
 	e.publish(ctx, plans)
-	e.fp.Inject(ctx, failpoint.EngineAfterDispatch)
+	for _, p := range plans {
+		e.fp.InjectStep(ctx, failpoint.EngineAfterDispatch, p.dispatchedStep())
+	}
 	e.settle(plans)
 }
 
@@ -392,7 +407,7 @@ func (e *Engine) decide(ctx context.Context, p *plan) (redo bool) {
 				republish = true
 			}
 		case it.result != nil:
-			e.fp.Inject(ctx, failpoint.EngineAfterResultReceived)
+			e.fp.InjectStep(ctx, failpoint.EngineAfterResultReceived, it.result.Step)
 			if cp == nil {
 				p.tally.stale++
 				e.log.Warn("dropping result for unknown job", "job", it.job, "step", it.result.Step, "attempt", it.result.Attempt)
@@ -511,7 +526,9 @@ func (e *Engine) write(ctx context.Context, ps []*plan) (conflicts []*plan) {
 	if len(ps) == 0 {
 		return nil
 	}
-	e.fp.Inject(ctx, failpoint.EngineBeforeCheckpoint)
+	for _, p := range ps {
+		e.fp.InjectStep(ctx, failpoint.EngineBeforeCheckpoint, p.dispatchedStep())
+	}
 	type inflight struct {
 		p *plan
 		w *kv.PendingWrite
@@ -556,7 +573,11 @@ func (e *Engine) write(ctx context.Context, ps []*plan) (conflicts []*plan) {
 			}
 		}
 	}
-	e.fp.Inject(ctx, failpoint.EngineAfterCheckpoint)
+	for _, f := range fl {
+		if f.p.rev != 0 {
+			e.fp.InjectStep(ctx, failpoint.EngineAfterCheckpoint, f.p.dispatchedStep())
+		}
+	}
 	return conflicts
 }
 

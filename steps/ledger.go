@@ -176,7 +176,7 @@ func (w *Worker) runEffect(ctx context.Context, ps *preparedStep, c *Call, deliv
 				return nil, ambiguousError(&next)
 			}
 		}
-		w.cfg.Failpoints.Inject(ctx, failpoint.WorkerAfterPrepared)
+		w.cfg.Failpoints.InjectStep(ctx, failpoint.WorkerAfterPrepared, c.Step.ID)
 		next := *rec
 		next.State, next.Attempt, next.Delivery, next.Worker = schemas.EffectDispatched, c.Attempt, delivery, w.cfg.ID
 		next.DispatchedAt, next.UpdatedAt, next.LastError = now, now, nil
@@ -194,7 +194,7 @@ func (w *Worker) runEffect(ctx context.Context, ps *preparedStep, c *Call, deliv
 	w.effectEvent(ctx, rec, rev, schemas.EventEffectDispatched)
 
 	out, runErr := safeRun(ctx, ps.runner, c)
-	w.cfg.Failpoints.Inject(ctx, failpoint.WorkerAfterRemoteCommit)
+	w.cfg.Failpoints.InjectStep(ctx, failpoint.WorkerAfterRemoteCommit, c.Step.ID)
 	// Whatever happened must be recorded, even if this attempt's context
 	// has ended meanwhile (a timeout, a worker shutting down).
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -239,7 +239,7 @@ func (w *Worker) confirm(ctx context.Context, rec *schemas.EffectRecord, rev uin
 			// ambiguous.
 			return nil, Retryable(fmt.Errorf("effect %s performed but not recorded: %w", rec.Key, err))
 		}
-		w.cfg.Failpoints.Inject(ctx, failpoint.WorkerAfterConfirm)
+		w.cfg.Failpoints.InjectStep(ctx, failpoint.WorkerAfterConfirm, c.Step.ID)
 		w.effectEvent(ctx, &next, nrev, schemas.EventEffectConfirmed)
 		if err := w.fence(ctx, c); err != nil {
 			return nil, err

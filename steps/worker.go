@@ -197,7 +197,7 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 		return
 	}
 	log := w.log.With("job", sm.Job, "step", sm.Step, "attempt", sm.Attempt)
-	w.cfg.Failpoints.Inject(ctx, failpoint.WorkerAfterReceive)
+	w.cfg.Failpoints.InjectStep(ctx, failpoint.WorkerAfterReceive, sm.Step)
 	if sm.NotBefore != nil {
 		if wait := time.Until(*sm.NotBefore); wait > 0 {
 			w.ctr.held.Add(1)
@@ -247,7 +247,7 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 		_ = m.NakWithDelay(time.Second)
 		return
 	}
-	w.cfg.Failpoints.Inject(ctx, failpoint.WorkerAfterResultPublish)
+	w.cfg.Failpoints.InjectStep(ctx, failpoint.WorkerAfterResultPublish, sm.Step)
 	if ps.step != nil && ps.def.EffectOf(ps.step) != schemas.EffectPure {
 		// Wait for the server to confirm the acknowledgement: a lost one
 		// would deliver the step again, and the effect would be attempted

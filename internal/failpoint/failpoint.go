@@ -6,7 +6,8 @@
 //
 // Actions: crash (the process kills itself with SIGKILL at once: no
 // deferred calls, no flushing, as if killed from outside), crash@N (on the
-// N-th time the point is reached, counting from 1), delay=DURATION (stall
+// N-th time the point is reached, counting from 1), crash/STEP (the first
+// time it is reached while handling step STEP), delay=DURATION (stall
 // there, or until the context ends). The idea follows FreeBSD's fail(9)
 // and etcd's gofail: names in the code, actions from configuration.
 package failpoint
@@ -49,7 +50,8 @@ var Known = []string{
 
 type action struct {
 	crash bool
-	at    int // crash on this hit; 0 = first
+	at    int    // crash on this hit; 0 = first
+	step  string // only while handling this step; "" = any
 	delay time.Duration
 	hits  int
 }
@@ -77,7 +79,7 @@ func Parse(spec string) (*Set, error) {
 		}
 		name, act, ok := strings.Cut(item, "=")
 		if !ok {
-			return nil, fmt.Errorf("failpoint %q: want name=action (crash, crash@N, delay=DURATION)", item)
+			return nil, fmt.Errorf("failpoint %q: want name=action (crash, crash@N, crash/STEP, delay=DURATION)", item)
 		}
 		if !isKnown(name) {
 			return nil, fmt.Errorf("failpoint %q: unknown point; known: %s", name, strings.Join(sorted(Known), ", "))
@@ -98,6 +100,12 @@ func parseAction(s string) (*action, error) {
 	switch {
 	case s == "crash":
 		return &action{crash: true}, nil
+	case strings.HasPrefix(s, "crash/"):
+		step := strings.TrimPrefix(s, "crash/")
+		if step == "" {
+			return nil, fmt.Errorf("action %q: want crash/STEP with a step id", s)
+		}
+		return &action{crash: true, step: step}, nil
 	case strings.HasPrefix(s, "crash@"):
 		n, err := strconv.Atoi(strings.TrimPrefix(s, "crash@"))
 		if err != nil || n < 1 {
@@ -111,18 +119,22 @@ func parseAction(s string) (*action, error) {
 		}
 		return &action{delay: d}, nil
 	}
-	return nil, fmt.Errorf("action %q: want crash, crash@N or delay=DURATION", s)
+	return nil, fmt.Errorf("action %q: want crash, crash@N, crash/STEP or delay=DURATION", s)
 }
 
 // Inject runs the action configured for point, if any. A crash does not
 // return. A delay returns early when ctx ends.
-func (s *Set) Inject(ctx context.Context, point string) {
+func (s *Set) Inject(ctx context.Context, point string) { s.InjectStep(ctx, point, "") }
+
+// InjectStep is Inject for a point reached while handling step (empty when
+// no step applies): a crash/STEP action fires only for its step.
+func (s *Set) InjectStep(ctx context.Context, point, step string) {
 	if s == nil {
 		return
 	}
 	s.mu.Lock()
 	a, ok := s.points[point]
-	if !ok {
+	if !ok || (a.step != "" && a.step != step) {
 		s.mu.Unlock()
 		return
 	}

@@ -66,6 +66,28 @@ func TestCrashOnNthHit(t *testing.T) {
 	}
 }
 
+func TestCrashForOneStep(t *testing.T) {
+	t.Parallel()
+	s, err := Parse("worker.after_remote_commit=crash/notify")
+	if err != nil {
+		t.Fatal(err)
+	}
+	crashes := 0
+	s.exit = func() { crashes++ }
+	s.InjectStep(context.Background(), WorkerAfterRemoteCommit, "charge")
+	s.Inject(context.Background(), WorkerAfterRemoteCommit)
+	if crashes != 0 {
+		t.Fatalf("crashed for another step")
+	}
+	s.InjectStep(context.Background(), WorkerAfterRemoteCommit, "notify")
+	if crashes != 1 {
+		t.Fatalf("crashes = %d, want 1", crashes)
+	}
+	if _, err := Parse("worker.after_receive=crash/"); err == nil {
+		t.Fatal("crash/ without a step accepted")
+	}
+}
+
 func TestDelayEndsWithContext(t *testing.T) {
 	t.Parallel()
 	s, err := Parse("worker.after_receive=delay=1h")

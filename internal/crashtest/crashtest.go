@@ -1,0 +1,476 @@
+// Package crashtest runs a workflow once per failpoint and step, crashing
+// a real engine or worker process there, resuming it, and reporting what
+// the crash did: the job's final status, its resume count, the steps run
+// again, the effect ledger by state, and, where the step talks to a
+// bundled test provider, how many calls and effects each idempotency key
+// got. It backs `engine crashtest` and the crash-matrix test.
+//
+// One case, with its own NATS server (in this process, file storage) and
+// its own bundled providers:
+//
+//	start engine and worker processes, one with WAYMARK_FAILPOINTS=<point>=crash/<step>
+//	start the job ─► the process SIGKILLs itself at the point
+//	start that process again, without the failpoint ─► wait until the job stops
+//	read the job, the ledger, the history and the providers' counters
+package crashtest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/waymark-dev/waymark/engine"
+	"github.com/waymark-dev/waymark/internal/demo"
+	"github.com/waymark-dev/waymark/internal/failpoint"
+	"github.com/waymark-dev/waymark/internal/natsserver"
+	"github.com/waymark-dev/waymark/kv"
+	"github.com/waymark-dev/waymark/schemas"
+	"github.com/waymark-dev/waymark/steps"
+)
+
+// Config says what to crash.
+type Config struct {
+	// Binary is the engine binary the cases run (its serve and worker
+	// commands). Required.
+	Binary string
+	// Workflow and Input are the files to run. Required.
+	Workflow, Input string
+	// Points are the failpoints to crash at; empty means every one.
+	Points []string
+	// Steps are the steps to crash in; empty means every step.
+	Steps []string
+	// Parallel is how many cases run at once. Default 2.
+	Parallel int
+	// Timeout bounds one case. Default 90s.
+	Timeout time.Duration
+	// Dir holds the cases' files; default a temporary directory, removed.
+	Dir string
+	// Services maps service names the workflow uses to URLs, for services
+	// that are not bundled (calls to them are not counted).
+	Services map[string]string
+	// Logger receives progress; nil discards it.
+	Logger *slog.Logger
+}
+
+// Point is the outcome of one case.
+type Point struct {
+	Failpoint        string         `json:"failpoint"`
+	Step             string         `json:"step"`
+	EffectClass      string         `json:"effect_class"`
+	Reached          bool           `json:"reached"` // the process crashed at the point
+	FinalStatus      string         `json:"final_status"`
+	ResumeCount      int            `json:"resume_count"`
+	StepsRerun       int            `json:"steps_rerun"`       // dispatches beyond the first, over all steps
+	CallsRepeated    int            `json:"calls_repeated"`    // provider calls beyond the first per key (retries with the same key)
+	MaxCallsPerKey   int            `json:"max_calls_per_key"` // at the bundled providers (retries with a key count)
+	MaxEffectsPerKey int            `json:"max_effects_per_key"`
+	Ledger           map[string]int `json:"ledger"` // effect records by state
+	Calls            map[string]int `json:"calls,omitempty"`
+	Effects          map[string]int `json:"effects,omitempty"`
+	History          []string       `json:"history,omitempty"` // event types, in order
+	Error            string         `json:"error,omitempty"`
+	Seconds          float64        `json:"seconds"`
+}
+
+// Report is every case's outcome, in failpoint then step order.
+type Report struct {
+	Points []Point `json:"points"`
+}
+
+// Run runs every case and returns the report. A case that could not be
+// run is reported with its Error; Run fails only on bad configuration.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if cfg.Binary == "" || cfg.Workflow == "" {
+		return nil, errors.New("crashtest: a binary and a workflow are required")
+	}
+	if cfg.Parallel <= 0 {
+		cfg.Parallel = 2
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 90 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	env := &steps.Env{ModelMode: steps.ModelReplay, Services: map[string]string{}}
+	for k, v := range cfg.Services {
+		env.Services[k] = v
+	}
+	for _, n := range demo.Names() {
+		if _, ok := env.Services[n]; !ok {
+			env.Services[n] = "http://placeholder.invalid"
+		}
+	}
+	def, err := schemas.Load(cfg.Workflow, schemas.LoadOptions{Checks: []schemas.CheckFunc{engine.Check, steps.Builtins().Check(env)}})
+	if err != nil {
+		return nil, err
+	}
+	input := json.RawMessage("{}")
+	if cfg.Input != "" {
+		if input, err = os.ReadFile(cfg.Input); err != nil {
+			return nil, fmt.Errorf("crashtest: read input: %w", err)
+		}
+	}
+	if err := engine.CheckInput(def, input); err != nil {
+		return nil, fmt.Errorf("crashtest: input %s: %w", cfg.Input, err)
+	}
+	points := cfg.Points
+	if len(points) == 0 {
+		points = failpoint.Known
+	}
+	for _, p := range points {
+		if !known(p) {
+			return nil, fmt.Errorf("crashtest: unknown failpoint %q; known: %s", p, strings.Join(failpoint.Known, ", "))
+		}
+	}
+	stepIDs := cfg.Steps
+	if len(stepIDs) == 0 {
+		for _, s := range def.Steps {
+			stepIDs = append(stepIDs, s.ID)
+		}
+	}
+	for _, s := range stepIDs {
+		if def.Step(s) == nil {
+			return nil, fmt.Errorf("crashtest: workflow %s has no step %q", def.Name, s)
+		}
+	}
+	dir := cfg.Dir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "waymark-crashtest-"); err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+	}
+	var cases []Point
+	for _, p := range points {
+		for _, s := range stepIDs {
+			cases = append(cases, Point{Failpoint: p, Step: s, EffectClass: string(def.EffectOf(def.Step(s)))})
+		}
+	}
+	sem := make(chan struct{}, cfg.Parallel)
+	var wg sync.WaitGroup
+	for i := range cases {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(i int) {
+			defer func() { <-sem; wg.Done() }()
+			c := &cases[i]
+			start := time.Now()
+			cctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+			defer cancel()
+			if err := runCase(cctx, cfg, def, input, filepath.Join(dir, fmt.Sprintf("case-%02d", i)), c); err != nil {
+				c.Error = err.Error()
+			}
+			c.Seconds = time.Since(start).Seconds()
+			cfg.Logger.Info("crash case done", "failpoint", c.Failpoint, "step", c.Step, "status", c.FinalStatus, "error", c.Error)
+		}(i)
+	}
+	wg.Wait()
+	return &Report{Points: cases}, nil
+}
+
+func known(p string) bool {
+	for _, k := range failpoint.Known {
+		if k == p {
+			return true
+		}
+	}
+	return false
+}
+
+// Settings shared by every process of a case: short ack waits, so that a
+// crash is noticed within a second.
+var caseEnv = []string{
+	"WAYMARK_INBOX_ACK_WAIT=1s",
+	"WAYMARK_WORK_ACK_WAIT=1s",
+	"WAYMARK_LOG_LEVEL=error",
+	"WAYMARK_MODEL_MODE=replay",
+}
+
+var caseKV = kv.Config{InboxAckWait: time.Second, WorkAckWait: time.Second}
+
+func runCase(ctx context.Context, cfg Config, def *schemas.Definition, input json.RawMessage, dir string, c *Point) error {
+	srv, err := natsserver.Start(natsserver.Config{DataDir: filepath.Join(dir, "nats"), Listen: "127.0.0.1:0", Sync: natsserver.SyncInterval})
+	if err != nil {
+		return err
+	}
+	defer srv.Stop(context.WithoutCancel(ctx))
+	url := srv.ClientURL()
+	services := map[string]string{}
+	var running []*demo.Running
+	defer func() {
+		for _, r := range running {
+			_ = r.Close()
+		}
+	}()
+	for k, v := range cfg.Services {
+		services[k] = v
+	}
+	for _, name := range demo.Names() {
+		if _, given := services[name]; given || !refersTo(def, name) {
+			continue
+		}
+		r, err := demo.Start(context.WithoutCancel(ctx), name, demo.Options{Dir: filepath.Join(dir, "demo", name)})
+		if err != nil {
+			return err
+		}
+		running = append(running, r)
+		services[name] = r.URL
+	}
+	var serviceArgs []string
+	for k, v := range services {
+		serviceArgs = append(serviceArgs, "--service="+k+"="+v)
+	}
+	nc, err := srv.Connect("crashtest")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	store, err := kv.Open(ctx, js, caseKV, nil)
+	if err != nil {
+		return err
+	}
+
+	fp := c.Failpoint + "=crash/" + c.Step
+	engineArgs := []string{"serve", "--nats-url=" + url, "--http=", "--workers=0"}
+	workerArgs := append([]string{"worker", "--nats-url=" + url}, serviceArgs...)
+	crashEngine := strings.HasPrefix(c.Failpoint, "engine.")
+	eng := spawn(cfg.Binary, engineArgs, pick(crashEngine, fp))
+	wrk := spawn(cfg.Binary, workerArgs, pick(!crashEngine, fp))
+	defer eng.kill()
+	defer wrk.kill()
+	victim, restart := wrk, func() *proc { return spawn(cfg.Binary, workerArgs, "") }
+	if crashEngine {
+		victim, restart = eng, func() *proc { return spawn(cfg.Binary, engineArgs, "") }
+	}
+
+	client := engine.NewClient(store)
+	const job = "crashtest"
+	if _, err := client.Start(ctx, def, input, engine.StartOptions{JobID: job}); err != nil {
+		return err
+	}
+	// Either the victim dies at its point, or the job stops without it.
+	stopped := make(chan *engine.JobView, 1)
+	wctx, cancelWait := context.WithCancel(ctx)
+	defer cancelWait()
+	go func() {
+		v, _ := client.Wait(wctx, job, nil)
+		stopped <- v
+	}()
+	var view *engine.JobView
+	select {
+	case <-victim.done:
+	case view = <-stopped:
+		// The job may stop a moment before the victim dies (a crash after
+		// the result was published): give it that moment.
+		select {
+		case <-victim.done:
+		case <-time.After(time.Second):
+		}
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for the crash: %w", ctx.Err())
+	}
+	select {
+	case <-victim.done:
+		if !victim.killed() {
+			return fmt.Errorf("the process at %s exited without crashing: %v\n%s", fp, victim.err, victim.stderr.String())
+		}
+		c.Reached = true
+		next := restart()
+		defer next.kill()
+	default:
+	}
+	if view == nil {
+		view = <-stopped
+	}
+	if view == nil {
+		return fmt.Errorf("the job did not stop within the case's time: %w", ctx.Err())
+	}
+	// Let the restarted process finish what the crash left (a result or
+	// start delivered again), then read the job as it settled.
+	if err := drained(ctx, store); err != nil {
+		return err
+	}
+	if view, err = client.Job(ctx, job); err != nil {
+		return err
+	}
+	c.FinalStatus = string(view.Status)
+	c.ResumeCount = view.ResumeCount
+	for _, s := range view.Steps {
+		if s.Attempts > 1 {
+			c.StepsRerun += s.Attempts - 1
+		}
+	}
+	recs, err := client.Effects(ctx, engine.EffectFilter{Job: job})
+	if err != nil {
+		return err
+	}
+	c.Ledger = map[string]int{}
+	for _, r := range recs {
+		c.Ledger[string(r.State)]++
+	}
+	c.Calls, c.Effects = map[string]int{}, map[string]int{}
+	for _, r := range running {
+		st := r.Stats()
+		for k, n := range st.Calls {
+			c.Calls[k] += n
+			c.MaxCallsPerKey = max(c.MaxCallsPerKey, c.Calls[k])
+		}
+		for _, n := range st.Calls {
+			c.CallsRepeated += max(n-1, 0)
+		}
+		for k, n := range st.Effects {
+			c.Effects[k] += n
+			c.MaxEffectsPerKey = max(c.MaxEffectsPerKey, c.Effects[k])
+		}
+	}
+	evs, err := client.History(ctx, job)
+	if err != nil {
+		return err
+	}
+	for _, e := range evs {
+		c.History = append(c.History, strings.TrimPrefix(e.Type, "dev.waymark."))
+	}
+	return nil
+}
+
+// drained waits until the engines' inbox and every work consumer have
+// nothing pending or unacknowledged.
+func drained(ctx context.Context, store *kv.Store) error {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		busy := false
+		for _, stream := range []string{store.Names.InboxStream, store.Names.WorkStream} {
+			st, err := store.JS.Stream(ctx, stream)
+			if err != nil {
+				return err
+			}
+			lister := st.ListConsumers(ctx)
+			for info := range lister.Info() {
+				if info.NumPending > 0 || info.NumAckPending > 0 {
+					busy = true
+				}
+			}
+		}
+		if !busy {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("messages still pending 15s after the job stopped")
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func pick(ok bool, s string) string {
+	if ok {
+		return s
+	}
+	return ""
+}
+
+// refersTo reports whether def's steps name service name in a template.
+func refersTo(def *schemas.Definition, name string) bool {
+	for _, s := range def.Steps {
+		w := string(s.With)
+		if strings.Contains(w, `service \"`+name+`\"`) || strings.Contains(w, `service "`+name+`"`) {
+			return true
+		}
+	}
+	return false
+}
+
+// proc is a child process.
+type proc struct {
+	cmd    *exec.Cmd
+	stderr *lockedBuffer
+	done   chan struct{}
+	err    error
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func spawn(bin string, args []string, failpoints string) *proc {
+	p := &proc{cmd: exec.Command(bin, args...), stderr: &lockedBuffer{}, done: make(chan struct{})}
+	p.cmd.Env = append(os.Environ(), caseEnv...)
+	if failpoints != "" {
+		p.cmd.Env = append(p.cmd.Env, failpoint.EnvVar+"="+failpoints)
+	}
+	p.cmd.Stderr = p.stderr
+	if err := p.cmd.Start(); err != nil {
+		p.err = err
+		close(p.done)
+		return p
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	return p
+}
+
+func (p *proc) killed() bool {
+	var ee *exec.ExitError
+	if !errors.As(p.err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
+}
+
+func (p *proc) kill() {
+	if p.cmd.Process != nil {
+		_ = p.cmd.Process.Kill()
+	}
+	<-p.done
+}
+
+// Sorted returns the report's points sorted by failpoint order, then by
+// step order in the workflow.
+func (r *Report) Sorted(def *schemas.Definition) []Point {
+	order := map[string]int{}
+	for i, k := range failpoint.Known {
+		order[k] = i
+	}
+	out := append([]Point(nil), r.Points...)
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].Failpoint != out[j].Failpoint {
+			return order[out[i].Failpoint] < order[out[j].Failpoint]
+		}
+		return def.StepIndex(out[i].Step) < def.StepIndex(out[j].Step)
+	})
+	return out
+}
