@@ -40,6 +40,9 @@ type Config struct {
 	// ReconcileInterval is how often the reconciler scans running jobs for
 	// dispatches whose result never came. Default 15s; negative disables.
 	ReconcileInterval time.Duration
+	// EffectSweepInterval is how often the effect ledger is swept of
+	// records past their retention (kv.Config.EffectRetention). Default 1h.
+	EffectSweepInterval time.Duration
 	// StallGrace is added to a step's timeout and twice the work ack wait
 	// before the reconciler declares an attempt lost. Default 30s.
 	StallGrace time.Duration
@@ -80,6 +83,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.ReconcileInterval == 0 {
 		c.ReconcileInterval = DefaultReconcileInterval
+	}
+	if c.EffectSweepInterval == 0 {
+		c.EffectSweepInterval = time.Hour
 	}
 	if c.StallGrace == 0 {
 		c.StallGrace = DefaultStallGrace

@@ -115,6 +115,12 @@ func (e *Engine) Run(ctx context.Context) error {
 		wg.Wait()
 		return fmt.Errorf("consume inbox: %w", err)
 	}
+	stopDead, err := e.watchDeadLetters(ctx)
+	if err != nil {
+		e.log.Warn("poison steps will only be caught by the reconciler", "err", err)
+		stopDead = func() {}
+	}
+	defer stopDead()
 	if e.cfg.ReconcileInterval > 0 {
 		wg.Add(1)
 		go func() {

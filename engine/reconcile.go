@@ -17,6 +17,7 @@ import (
 func (e *Engine) reconcileLoop(ctx context.Context) {
 	t := time.NewTicker(e.cfg.ReconcileInterval)
 	defer t.Stop()
+	var lastSweep time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -26,8 +27,70 @@ func (e *Engine) reconcileLoop(ctx context.Context) {
 				e.ctr.reconcileErrors.Add(1)
 				e.log.Warn("reconcile pass failed; retrying next interval", "err", err)
 			}
+			if now := e.cfg.Now(); now.Sub(lastSweep) >= e.cfg.EffectSweepInterval {
+				lastSweep = now
+				if err := e.SweepEffects(ctx); err != nil && ctx.Err() == nil {
+					e.ctr.reconcileErrors.Add(1)
+					e.log.Warn("effect sweep failed; retrying later", "err", err)
+				}
+			}
 		}
 	}
+}
+
+// SweepEffects removes effect records whose job ended more than the
+// layout's EffectRetention ago (or whose job no longer exists and which
+// have not changed for that long). Records of jobs that have not ended are
+// kept, however old: the ledger outlives the duplicate window for the
+// job's whole life (DESIGN.md invariant 5).
+func (e *Engine) SweepEffects(ctx context.Context) error {
+	now := e.cfg.Now()
+	keep := e.store.Config.EffectRetention
+	ended := map[string]*time.Time{} // job → when it ended; nil: running
+	gone := map[string]bool{}
+	var doomed []string
+	var firstErr error
+	err := e.store.Effects.List(ctx, func(ent kv.EffectEntry) bool {
+		r := ent.Record
+		when, seen := ended[r.Job]
+		if !seen && !gone[r.Job] {
+			got, err := e.store.Checkpoints.Get(ctx, r.Job)
+			switch {
+			case errors.Is(err, schemas.ErrNotFound):
+				gone[r.Job] = true
+			case err != nil:
+				if firstErr == nil && !errors.Is(err, schemas.ErrQuarantined) {
+					firstErr = err
+				}
+				ended[r.Job] = nil
+			default:
+				if got.Checkpoint.Status.Terminal() {
+					when = got.Checkpoint.CompletedAt
+				}
+				ended[r.Job] = when
+			}
+		}
+		switch {
+		case gone[r.Job] && now.Sub(r.UpdatedAt) > keep:
+			doomed = append(doomed, r.Key)
+		case when != nil && now.Sub(*when) > keep:
+			doomed = append(doomed, r.Key)
+		}
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	for _, k := range doomed {
+		if err := e.store.Effects.Delete(ctx, k); err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		e.ctr.swept.Add(1)
+	}
+	return firstErr
 }
 
 // Reconcile makes one pass over the running jobs and declares lost every
@@ -42,6 +105,7 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 	now := e.cfg.Now()
 	var firstErr error
 	var overdue []kv.Entry
+	var oldest time.Duration
 	err := e.store.Checkpoints.List(ctx, func(job string, ent kv.Entry, err error) bool {
 		if err != nil {
 			if firstErr == nil && !errors.Is(err, schemas.ErrQuarantined) {
@@ -50,6 +114,9 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 			return true
 		}
 		cp := ent.Checkpoint
+		if cp.Status == schemas.JobRunning {
+			oldest = max(oldest, now.Sub(cp.UpdatedAt))
+		}
 		if cp.Status != schemas.JobRunning || cp.Current == nil {
 			return true
 		}
@@ -77,6 +144,7 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	e.ctr.oldestRunning.Store(oldest.Milliseconds())
 	for _, ent := range overdue {
 		if err := e.loseAttempt(ctx, ent, now); err != nil && firstErr == nil {
 			firstErr = err

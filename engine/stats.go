@@ -25,6 +25,11 @@ type Stats struct {
 	HandleErrors     uint64 `json:"handle_errors"`    // inbox messages left for redelivery after an error
 	JobsBlocked      uint64 `json:"jobs_blocked"`     // jobs that stopped on an ambiguous effect
 	EffectsResolved  uint64 `json:"effects_resolved"` // blocked jobs a resolution set going again
+	DeadLetters      uint64 `json:"dead_letters"`     // step messages that reached the work consumer's max deliveries
+	EffectsSwept     uint64 `json:"effects_swept"`    // effect records removed after their retention
+	// OldestRunningAgeMs is the age of the oldest running job's checkpoint
+	// (time since its last write) at the last reconcile pass, in ms.
+	OldestRunningAgeMs int64 `json:"oldest_running_age_ms"`
 	// FirstProgressMs is the time from Run to the first applied transition,
 	// in milliseconds; 0 until then.
 	FirstProgressMs int64 `json:"first_progress_ms"`
@@ -35,6 +40,8 @@ type counters struct {
 	transitions, dispatched, applied, stale, conflicts   atomic.Uint64
 	resumes, inboxRedelivered, republished, lost         atomic.Uint64
 	reconcileErrors, handleErrors, blocked, unblocked    atomic.Uint64
+	deadLetters, swept                                   atomic.Uint64
+	oldestRunning                                        atomic.Int64 // ms
 	started                                              atomic.Int64 // unix ns
 	firstProgress                                        atomic.Int64 // ns after started
 }
@@ -52,23 +59,26 @@ func (c *counters) progress(now time.Time) {
 func (e *Engine) Stats() Stats {
 	c := &e.ctr
 	return Stats{
-		JobsStarted:      c.jobsStarted.Load(),
-		JobsCompleted:    c.jobsCompleted.Load(),
-		JobsFailed:       c.jobsFailed.Load(),
-		JobsRejected:     c.jobsRejected.Load(),
-		Transitions:      c.transitions.Load(),
-		StepsDispatched:  c.dispatched.Load(),
-		ResultsApplied:   c.applied.Load(),
-		StaleDropped:     c.stale.Load(),
-		CASConflicts:     c.conflicts.Load(),
-		Resumes:          c.resumes.Load(),
-		InboxRedelivered: c.inboxRedelivered.Load(),
-		Republished:      c.republished.Load(),
-		AttemptsLost:     c.lost.Load(),
-		ReconcileErrors:  c.reconcileErrors.Load(),
-		HandleErrors:     c.handleErrors.Load(),
-		JobsBlocked:      c.blocked.Load(),
-		EffectsResolved:  c.unblocked.Load(),
-		FirstProgressMs:  c.firstProgress.Load() / int64(time.Millisecond),
+		JobsStarted:        c.jobsStarted.Load(),
+		JobsCompleted:      c.jobsCompleted.Load(),
+		JobsFailed:         c.jobsFailed.Load(),
+		JobsRejected:       c.jobsRejected.Load(),
+		Transitions:        c.transitions.Load(),
+		StepsDispatched:    c.dispatched.Load(),
+		ResultsApplied:     c.applied.Load(),
+		StaleDropped:       c.stale.Load(),
+		CASConflicts:       c.conflicts.Load(),
+		Resumes:            c.resumes.Load(),
+		InboxRedelivered:   c.inboxRedelivered.Load(),
+		Republished:        c.republished.Load(),
+		AttemptsLost:       c.lost.Load(),
+		ReconcileErrors:    c.reconcileErrors.Load(),
+		HandleErrors:       c.handleErrors.Load(),
+		JobsBlocked:        c.blocked.Load(),
+		EffectsResolved:    c.unblocked.Load(),
+		DeadLetters:        c.deadLetters.Load(),
+		EffectsSwept:       c.swept.Load(),
+		OldestRunningAgeMs: c.oldestRunning.Load(),
+		FirstProgressMs:    c.firstProgress.Load() / int64(time.Millisecond),
 	}
 }

@@ -212,6 +212,7 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 	if redelivered {
 		w.ctr.redeliveries.Add(1)
 	}
+	replayedPure := redelivered
 	w.ctr.started.Add(1)
 	ps, err := w.prepare(ctx, sm.DefinitionHash, sm.Step)
 	if err != nil {
@@ -219,6 +220,9 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 		log.Warn("cannot load definition; retrying", "err", err)
 		_ = m.NakWithDelay(time.Second)
 		return
+	}
+	if replayedPure && ps.step != nil && ps.def.EffectOf(ps.step) == schemas.EffectPure {
+		w.ctr.replayedPure.Add(1) // a pure step runs again: harmless, counted
 	}
 	res, stale := w.run(ctx, m, ps, sm, delivered, log)
 	if stale {
@@ -484,6 +488,7 @@ type WorkerStats struct {
 	// declared ambiguous; Stale, attempts dropped because the engine had
 	// moved on.
 	ReplayedEffects  uint64 `json:"replayed_effects"`
+	ReplayedPure     uint64 `json:"replayed_pure_steps"` // pure steps run again on a redelivery
 	AmbiguousEffects uint64 `json:"ambiguous_effects"`
 	Stale            uint64 `json:"stale_attempts"`
 	Started          uint64 `json:"steps_started"`
@@ -497,13 +502,13 @@ type WorkerStats struct {
 
 type workerCounters struct {
 	started, succeeded, failed, redeliveries, held, published, heartbeats atomic.Uint64
-	replayedEffects, ambiguousEffects, stale                              atomic.Uint64
+	replayedEffects, ambiguousEffects, stale, replayedPure                atomic.Uint64
 }
 
 // Stats returns a snapshot of the worker's counters. Safe for concurrent use.
 func (w *Worker) Stats() WorkerStats {
 	c := &w.ctr
-	return WorkerStats{ReplayedEffects: c.replayedEffects.Load(), AmbiguousEffects: c.ambiguousEffects.Load(), Stale: c.stale.Load(),
+	return WorkerStats{ReplayedEffects: c.replayedEffects.Load(), ReplayedPure: c.replayedPure.Load(), AmbiguousEffects: c.ambiguousEffects.Load(), Stale: c.stale.Load(),
 		Started: c.started.Load(), Succeeded: c.succeeded.Load(), Failed: c.failed.Load(),
 		Redeliveries: c.redeliveries.Load(), Held: c.held.Load(), Published: c.published.Load(), Heartbeats: c.heartbeats.Load()}
 }

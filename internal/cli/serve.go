@@ -151,6 +151,14 @@ func registerEngineMetrics(reg *prometheus.Registry, e *engine.Engine) {
 	counter("attempts_lost", "Attempts the reconciler declared lost.", func(s engine.Stats) uint64 { return s.AttemptsLost })
 	counter("reconcile_errors", "Reconciler passes that failed.", func(s engine.Stats) uint64 { return s.ReconcileErrors })
 	counter("handle_errors", "Inbox messages left for redelivery after an error.", func(s engine.Stats) uint64 { return s.HandleErrors })
+	counter("jobs_blocked", "Jobs stopped on an ambiguous effect (needs_reconciliation).", func(s engine.Stats) uint64 { return s.JobsBlocked })
+	counter("effects_reconciled", "Ambiguous effects resolved by a person, setting their job going again.", func(s engine.Stats) uint64 { return s.EffectsResolved })
+	counter("dead_letters", "Step messages that reached the work consumer's max deliveries (poison steps).", func(s engine.Stats) uint64 { return s.DeadLetters })
+	counter("effects_swept", "Effect records removed after their retention.", func(s engine.Stats) uint64 { return s.EffectsSwept })
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "waymark", Subsystem: "engine", Name: "oldest_running_checkpoint_age_seconds",
+		Help: "Time since the oldest running job's checkpoint was written, at the last reconcile pass (snapshot age).",
+	}, func() float64 { return float64(e.Stats().OldestRunningAgeMs) / 1000 }))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "waymark", Subsystem: "engine", Name: "first_progress_seconds",
 		Help: "Time from engine start to its first applied transition; 0 until then.",
@@ -170,4 +178,8 @@ func registerWorkerMetrics(reg prometheus.Registerer, w *steps.Worker) {
 	counter("redeliveries", "Step messages delivered again after a worker died or stalled.", func(s steps.WorkerStats) uint64 { return s.Redeliveries })
 	counter("results_published", "Results published to the engine.", func(s steps.WorkerStats) uint64 { return s.Published })
 	counter("heartbeats", "Lease extensions sent while steps ran.", func(s steps.WorkerStats) uint64 { return s.Heartbeats })
+	counter("replayed_pure_steps", "Pure steps run again because their message was delivered again.", func(s steps.WorkerStats) uint64 { return s.ReplayedPure })
+	counter("replayed_effects", "Effectful attempts answered from the ledger without calling out (the effect had happened).", func(s steps.WorkerStats) uint64 { return s.ReplayedEffects })
+	counter("ambiguous_effects", "Effects declared ambiguous (unsafe, outcome unknown).", func(s steps.WorkerStats) uint64 { return s.AmbiguousEffects })
+	counter("stale_attempts", "Attempts dropped because the engine had moved on (fencing).", func(s steps.WorkerStats) uint64 { return s.Stale })
 }

@@ -2,6 +2,13 @@ package cli
 
 import (
 	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"os"
 	"os/signal"
 	"syscall"
@@ -20,7 +27,7 @@ func NewWorkerCommand(stdout, stderr interface {
 	Write([]byte) (int, error)
 }, reg *steps.Registry) *cobra.Command {
 	g := &globals{stdout: stdout, stderr: stderr}
-	var pool string
+	var pool, metricsAddr string
 	var concurrency int
 	var sf stepFlags
 	cmd := &cobra.Command{
@@ -62,6 +69,14 @@ delivered to another worker after its lease (the work ack wait) runs out.`,
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
+			if metricsAddr != "" {
+				stop, addr, err := serveWorkerMetrics(metricsAddr, w)
+				if err != nil {
+					return err
+				}
+				defer stop()
+				fmt.Fprintf(g.stdout, "metrics: http://%s/metrics\n", addr)
+			}
 			fmt.Fprintf(g.stdout, "worker serving pool %q on %s (concurrency %d)\n", pool, nc.ConnectedUrlRedacted(), concurrency)
 			return w.Run(ctx)
 		},
@@ -70,8 +85,25 @@ delivered to another worker after its lease (the work ack wait) runs out.`,
 	fl := cmd.Flags()
 	fl.StringVar(&pool, "pool", envOr("WAYMARK_POOL", "default"), "worker pool to serve (env WAYMARK_POOL)")
 	fl.IntVar(&concurrency, "concurrency", steps.DefaultConcurrency, "steps run at once")
+	fl.StringVar(&metricsAddr, "metrics", envOr("WAYMARK_WORKER_METRICS", ""), "serve Prometheus /metrics on this address, e.g. 127.0.0.1:9090 (env WAYMARK_WORKER_METRICS)")
 	sf.bind(cmd)
 	cmd.SetOut(stdout)
 	cmd.SetErr(stderr)
 	return cmd
+}
+
+// serveWorkerMetrics serves a worker's counters on addr until stop.
+func serveWorkerMetrics(addr string, w *steps.Worker) (stop func(), bound string, err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, "", fmt.Errorf("--metrics: listen on %s: %w", addr, err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerWorkerMetrics(reg, w)
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return func() { _ = srv.Close() }, ln.Addr().String(), nil
 }
