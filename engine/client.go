@@ -385,7 +385,9 @@ var ErrNotAmbiguous = errors.New("effect is not ambiguous")
 // action (did not happen). The write is a compare-and-swap: two people
 // resolving at once cannot both win. Errors: schemas.ErrNotFound;
 // ErrNotAmbiguous; schemas.ErrInputInvalid for a result that is not JSON
-// or details given with "did not happen"; schemas.ErrConflict.
+// or details given with "did not happen"; schemas.ErrConflict when someone
+// else resolved it meanwhile, or resolved it the other way already. The
+// same decision given again is not an error: it is announced again.
 func (c *Client) ResolveEffect(ctx context.Context, key string, r schemas.EffectResolution) (*schemas.EffectRecord, error) {
 	if r.By == "" {
 		return nil, schemas.Errorf(schemas.CodeInputInvalid, "resolve effect %s: say who decides (by)", key)
@@ -403,8 +405,12 @@ func (c *Client) ResolveEffect(ctx context.Context, key string, r schemas.Effect
 	rec := *ent.Record
 	now := c.now().UTC()
 	if rec.State == schemas.EffectReconciled {
-		// Decided already: tell the job again (dedup ids make it harmless),
-		// which also finishes a resolution whose signal was lost.
+		if rec.Happened != nil && *rec.Happened != r.Happened {
+			return nil, fmt.Errorf("resolve effect %s: %s already decided it %s: %w", key, rec.ReconciledBy,
+				map[bool]string{true: "happened", false: "did not happen"}[*rec.Happened], schemas.ErrConflict)
+		}
+		// Decided already, the same way: tell the job again (dedup ids make
+		// it harmless), which also finishes a resolution whose signal was lost.
 		return &rec, c.announceResolution(ctx, &rec, ent.Revision, now)
 	}
 	if rec.State != schemas.EffectAmbiguous {

@@ -413,14 +413,20 @@ func sortedKeys[V any](m map[string]V) []string {
 
 // AppendEffectEvent appends a one-event CloudEvents batch describing an
 // effect ledger transition (rev is the record's KV revision, which makes
-// the event id "<job>/effect/<rev>" unique).
+// the event id "<job>/effect/<rev>" unique). A replay (EventEffectReplayed)
+// reports a revision whose transition has an event of its own, so its id
+// is "<job>/effect/<rev>/replayed".
 func AppendEffectEvent(dst []byte, source, typ string, rec *EffectRecord, rev uint64, now time.Time) []byte {
 	d := HistoryData{Job: rec.Job, Step: rec.Step, Attempt: rec.Attempt, EffectKey: rec.Key, EffectState: string(rec.State),
 		ExternalID: rec.ExternalID, ResultDigest: rec.ResultDigest, Reason: rec.Reason, By: rec.ReconciledBy, Error: rec.LastError}
+	id := rec.Job + "/effect/" + strconv.FormatUint(rev, 10)
+	if typ == EventEffectReplayed {
+		id += "/replayed"
+	}
 	w := jsonw{b: append(dst, '[')}
 	w.open()
 	w.strField("specversion", "1.0")
-	w.strField("id", rec.Job+"/effect/"+strconv.FormatUint(rev, 10))
+	w.strField("id", id)
 	w.strField("source", source)
 	w.strField("type", typ)
 	w.strField("subject", rec.Job)

@@ -139,8 +139,21 @@ func (w *Worker) runEffect(ctx context.Context, ps *preparedStep, c *Call, deliv
 			rec, rev = ent.Record, ent.Revision
 		}
 		if rec.Settled() {
+			if try > 0 {
+				// This attempt lost a race for the record: the engine may have
+				// moved on meanwhile.
+				if err := w.fence(ctx, c); err != nil {
+					return nil, err
+				}
+			}
 			// Performed before, with a known result: answer with it.
 			w.ctr.replayedEffects.Add(1)
+			if rec.State == schemas.EffectConfirmed {
+				// The worker that confirmed it may have died before it told
+				// the history: tell it again. The copy has the original's
+				// ids, so the stream or the history's readers drop it.
+				w.effectEvent(ctx, rec, rev, schemas.EventEffectConfirmed)
+			}
 			w.effectEvent(ctx, rec, rev, schemas.EventEffectReplayed)
 			return recordedOutput(rec), nil
 		}
@@ -180,6 +193,7 @@ func (w *Worker) runEffect(ctx context.Context, ps *preparedStep, c *Call, deliv
 		next := *rec
 		next.State, next.Attempt, next.Delivery, next.Worker = schemas.EffectDispatched, c.Attempt, delivery, w.cfg.ID
 		next.DispatchedAt, next.UpdatedAt, next.LastError = now, now, nil
+		next.Happened = nil // a resolution that said "did not happen" is superseded by this call
 		next.Calls++
 		nrev, err := eff.Update(ctx, &next, rev)
 		if errors.Is(err, schemas.ErrConflict) {
@@ -231,6 +245,15 @@ func (w *Worker) confirm(ctx context.Context, rec *schemas.EffectRecord, rev uin
 				return recordedOutput(ent.Record), w.fence(ctx, c)
 			}
 			rec, rev = ent.Record, ent.Revision
+			continue
+		}
+		if err != nil && !errors.Is(err, schemas.ErrConflict) && try < 5 && ctx.Err() == nil {
+			// A passing fault: the result is in hand, keep trying to record
+			// it rather than leave the next attempt to guess.
+			select {
+			case <-time.After(time.Duration(100<<try) * time.Millisecond):
+			case <-ctx.Done():
+			}
 			continue
 		}
 		if err != nil {

@@ -80,7 +80,8 @@ type Point struct {
 	Ledger           map[string]int `json:"ledger"` // effect records by state
 	Calls            map[string]int `json:"calls,omitempty"`
 	Effects          map[string]int `json:"effects,omitempty"`
-	History          []string       `json:"history,omitempty"` // event types, in order
+	History          []string       `json:"history,omitempty"`       // event types, in order
+	HistorySteps     []string       `json:"history_steps,omitempty"` // the step of each History event ("" for job events)
 	Error            string         `json:"error,omitempty"`
 	Seconds          float64        `json:"seconds"`
 }
@@ -347,6 +348,7 @@ func runCase(ctx context.Context, cfg Config, def *schemas.Definition, input jso
 	}
 	for _, e := range evs {
 		c.History = append(c.History, strings.TrimPrefix(e.Type, "dev.waymark."))
+		c.HistorySteps = append(c.HistorySteps, e.Data.Step)
 	}
 	return nil
 }
