@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -47,7 +48,8 @@ type cached struct {
 	cp  *schemas.Checkpoint
 	rev uint64
 	// published: this engine published cp's outbox and dispatch itself.
-	published bool
+	// Set by the lane's settler after the lane has moved on, hence atomic.
+	published atomic.Bool
 }
 
 // New returns an Engine. Errors name the bad Config field.
@@ -142,6 +144,23 @@ func (e *Engine) Run(ctx context.Context) error {
 // whatever else is already waiting (up to BatchSize), and handles them as
 // one batch, so that a busy engine makes fewer, larger rounds of writes.
 func (e *Engine) lane(ctx context.Context, ch chan jetstream.Msg) {
+	// The lane decides and writes; a settler waits for each batch's
+	// publications and then acknowledges its messages. The lane does not
+	// wait for them, so the next batch is decided while the last one's
+	// dispatches are still in flight.
+	settlements := make(chan *settlement, 16)
+	settled := make(chan struct{})
+	go func() {
+		defer close(settled)
+		for st := range settlements {
+			e.finishPublish(ctx, st)
+			for _, p := range st.plans {
+				e.fp.InjectStep(ctx, failpoint.EngineAfterDispatch, p.dispatchedStep())
+			}
+			e.settle(st.plans)
+		}
+	}()
+	defer func() { close(settlements); <-settled }()
 	batch := make([]jetstream.Msg, 0, e.cfg.BatchSize)
 	for m := range ch {
 		batch = append(batch[:0], m)
@@ -160,7 +179,9 @@ func (e *Engine) lane(ctx context.Context, ch chan jetstream.Msg) {
 		if ctx.Err() != nil {
 			continue // shutting down: leave them for redelivery
 		}
-		e.handleBatch(ctx, batch)
+		if st := e.handleBatch(ctx, batch); st != nil {
+			settlements <- st
+		}
 	}
 }
 
@@ -214,7 +235,9 @@ type tally struct {
 	blocked, unblocked                                                         uint64
 }
 
-func (e *Engine) handleBatch(ctx context.Context, msgs []jetstream.Msg) {
+// handleBatch decides and writes a batch and starts its publications; the
+// returned settlement finishes them (nil when there is nothing to settle).
+func (e *Engine) handleBatch(ctx context.Context, msgs []jetstream.Msg) *settlement {
 	var items []*inboxItem
 	for _, m := range msgs {
 		if it := e.decode(m); it != nil {
@@ -269,11 +292,22 @@ func (e *Engine) handleBatch(ctx context.Context, msgs []jetstream.Msg) {
 		again = append(again, e.write(ctx, writes)...)
 		pending = again
 	}
-	e.publish(ctx, plans)
-	for _, p := range plans {
-		e.fp.InjectStep(ctx, failpoint.EngineAfterDispatch, p.dispatchedStep())
+	if len(plans) == 0 {
+		return nil
 	}
-	e.settle(plans)
+	return e.startPublish(plans)
+}
+
+// handleBatchSync handles a batch to the end: decide, write, publish,
+// acknowledge. For callers without a lane (tests, the reconciler).
+func (e *Engine) handleBatchSync(ctx context.Context, msgs []jetstream.Msg) {
+	if st := e.handleBatch(ctx, msgs); st != nil {
+		e.finishPublish(ctx, st)
+		for _, p := range st.plans {
+			e.fp.InjectStep(ctx, failpoint.EngineAfterDispatch, p.dispatchedStep())
+		}
+		e.settle(st.plans)
+	}
 }
 
 // decode parses an inbox message. Garbage is terminated (never redelivered)
@@ -355,7 +389,7 @@ func (e *Engine) decide(ctx context.Context, p *plan) (redo bool) {
 	var carried []schemas.Event
 	if p.base != nil {
 		cp = cloneCheckpoint(p.base.cp)
-		if !p.base.published {
+		if !p.base.published.Load() {
 			carried = cp.Events // their publication is unknown: publish them again
 			if len(carried) > 64 {
 				carried = carried[len(carried)-64:]
@@ -590,12 +624,22 @@ func (e *Engine) write(ctx context.Context, ps []*plan) (conflicts []*plan) {
 // publish sends each written plan's history events and dispatch, all in
 // flight at once, with dedup ids so that publishing again after a crash
 // adds nothing.
-func (e *Engine) publish(ctx context.Context, ps []*plan) {
-	type inflight struct {
-		p *plan
-		f jetstream.PubAckFuture
-	}
-	var fl []inflight
+// settlement is a batch whose publications are in flight.
+type settlement struct {
+	plans    []*plan
+	inflight []inflight
+}
+
+type inflight struct {
+	p *plan
+	f jetstream.PubAckFuture
+}
+
+// startPublish sends each written plan's history events and dispatch, all
+// in flight at once, with dedup ids so that publishing again after a crash
+// adds nothing.
+func (e *Engine) startPublish(ps []*plan) *settlement {
+	st := &settlement{plans: ps}
 	js := e.store.JS
 	names := e.store.Names
 	for _, p := range ps {
@@ -614,14 +658,14 @@ func (e *Engine) publish(ctx context.Context, ps []*plan) {
 				p.err = fmt.Errorf("publish history of job %s: %w", cp.JobID, err)
 				break
 			}
-			fl = append(fl, inflight{p, f})
+			st.inflight = append(st.inflight, inflight{p, f})
 		}
 		if p.err == nil && p.dispatch {
 			m, err := e.stepMessage(p)
 			if err == nil {
 				var f jetstream.PubAckFuture
 				if f, err = js.PublishMsgAsync(m); err == nil {
-					fl = append(fl, inflight{p, f})
+					st.inflight = append(st.inflight, inflight{p, f})
 				}
 			}
 			if err != nil {
@@ -629,9 +673,15 @@ func (e *Engine) publish(ctx context.Context, ps []*plan) {
 			}
 		}
 	}
+	return st
+}
+
+// finishPublish waits for a settlement's acknowledgements and marks what
+// was published.
+func (e *Engine) finishPublish(ctx context.Context, st *settlement) {
 	wctx, cancel := context.WithTimeout(ctx, e.cfg.PublishTimeout)
 	defer cancel()
-	for _, f := range fl {
+	for _, f := range st.inflight {
 		select {
 		case <-f.f.Ok():
 		case err := <-f.f.Err():
@@ -644,17 +694,16 @@ func (e *Engine) publish(ctx context.Context, ps []*plan) {
 			}
 		}
 	}
-	for _, p := range ps {
-		if p.next == nil || p.rev == 0 {
-			continue
-		}
-		if p.err != nil {
+	for _, p := range st.plans {
+		if p.next == nil || p.rev == 0 || p.err != nil {
 			continue
 		}
 		if p.dispatch {
 			e.ctr.dispatched.Add(1)
 		}
-		e.cache.Add(p.job, &cached{cp: p.next, rev: p.rev, published: true})
+		if c, ok := e.cache.Peek(p.job); ok && c.cp == p.next {
+			c.published.Store(true)
+		}
 	}
 }
 

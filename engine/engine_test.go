@@ -422,7 +422,7 @@ func TestTwoEnginesApplyingOneResultAdvanceTheJobOnce(t *testing.T) {
 	ctx := context.Background()
 	// Create the job with one engine, directly from the start message.
 	startMsg := fetchInbox(t, b.store, 1)
-	e1.handleBatch(ctx, startMsg)
+	e1.handleBatchSync(ctx, startMsg)
 	ent, err := b.store.Checkpoints.Get(ctx, id)
 	if err != nil || ent.Checkpoint.Current == nil || ent.Checkpoint.Current.Step != "a" {
 		t.Fatalf("job not started: %+v %v", ent.Checkpoint, err)
@@ -439,7 +439,7 @@ func TestTwoEnginesApplyingOneResultAdvanceTheJobOnce(t *testing.T) {
 		wg.Add(1)
 		go func(e *Engine) {
 			defer wg.Done()
-			e.handleBatch(ctx, resultMsg)
+			e.handleBatchSync(ctx, resultMsg)
 		}(e)
 	}
 	ready.Wait() // both decided from the same revision

@@ -186,6 +186,6 @@ func (e *Engine) loseAttempt(ctx context.Context, ent kv.Entry, now time.Time) e
 	}
 	e.ctr.lost.Add(1)
 	e.log.Warn("declared attempt lost", "job", cp.JobID, "step", cur.Step, "attempt", cur.Attempt, "waited", waited)
-	e.publish(ctx, []*plan{p})
+	e.finishPublish(ctx, e.startPublish([]*plan{p}))
 	return p.err
 }
