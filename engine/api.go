@@ -73,7 +73,7 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status, body.Code = http.StatusBadRequest, schemas.AsError(err).Code
 	case errors.Is(err, schemas.ErrQuarantined):
 		status, body.Code = http.StatusConflict, schemas.CodeQuarantined
-	case errors.Is(err, ErrNotAmbiguous), errors.Is(err, schemas.ErrConflict):
+	case errors.Is(err, ErrNotAmbiguous), errors.Is(err, schemas.ErrConflict), errors.Is(err, schemas.ErrTooLarge):
 		status, body.Code = http.StatusConflict, schemas.CodeConflict
 	}
 	if status == http.StatusInternalServerError && a.Logger != nil {

@@ -69,14 +69,17 @@ type StartResult struct {
 	// Attached is true when the job already existed; nothing was published.
 	Attached bool `json:"attached"`
 	// Mismatch, when attached, says how the existing job differs from what
-	// was asked (another definition or input); empty when it matches.
+	// was asked (another definition or input); Start then also returns
+	// schemas.ErrConflict. Empty when it matches.
 	Mismatch string `json:"mismatch,omitempty"`
 }
 
 // Start validates input against def's input schema (and state schema),
 // stores def, and asks the engines to start the job. It does not wait for
-// the job. Errors: schemas.ErrInputInvalid (nothing stored), or a
-// connection error wrapped with the job id.
+// the job. Errors: schemas.ErrInputInvalid or schemas.ErrTooLarge (nothing
+// stored); schemas.ErrConflict when the id names a job with another
+// definition or input (nothing changes); a connection error wrapped with
+// the job id.
 func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.RawMessage, opts StartOptions) (StartResult, error) {
 	id := opts.JobID
 	if id == "" {
@@ -91,9 +94,13 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 		res.DefinitionHash = ent.Checkpoint.DefinitionHash
 		switch {
 		case ent.Checkpoint.DefinitionHash != def.Hash:
-			res.Mismatch = fmt.Sprintf("job %s runs definition %s, not %s; it keeps its own", id, short(ent.Checkpoint.DefinitionHash), short(def.Hash))
+			res.Mismatch = fmt.Sprintf("job %s exists and runs definition %s (%s v%d), not %s: a job keeps the definition it started with; pick another job id to start anew",
+				id, short(ent.Checkpoint.DefinitionHash), ent.Checkpoint.Workflow, ent.Checkpoint.Version, short(def.Hash))
 		case len(input) > 0 && ent.Checkpoint.InputDigest != "" && !sameInput(ent.Checkpoint.InputDigest, input):
-			res.Mismatch = fmt.Sprintf("job %s was started with other input; it keeps its own", id)
+			res.Mismatch = fmt.Sprintf("job %s exists and was started with other input: pick another job id to start anew", id)
+		}
+		if res.Mismatch != "" {
+			return res, schemas.Errorf(schemas.CodeConflict, "%s", res.Mismatch)
 		}
 		return res, nil
 	} else if !errors.Is(err, schemas.ErrNotFound) {
@@ -107,8 +114,18 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 		input = json.RawMessage("{}")
 	}
 	req := &schemas.StartRequest{JobID: id, DefinitionHash: def.Hash, Input: input, Vars: opts.Vars, RequestedAt: c.now().UTC()}
-	if _, _, err := newJob(cd, req, "", c.now()); err != nil {
+	cp, _, err := newJob(cd, req, "", c.now())
+	if err != nil {
 		return StartResult{}, err
+	}
+	// Refuse here what the engine could not store: the first checkpoint
+	// holds the input as the state, and the start request carries it.
+	if _, err := c.store.Checkpoints.Encode(cp); err != nil {
+		return StartResult{}, fmt.Errorf("start job %s: the input is too large to checkpoint: %w", id, err)
+	}
+	if limit := int(c.store.Config.MaxMessageBytes) - 8192; len(input) > limit {
+		return StartResult{}, fmt.Errorf("start job %s: %w", id, &schemas.Error{Code: schemas.CodeTooLarge, Job: id,
+			Message: fmt.Sprintf("input is %d bytes; a start request may carry at most %d", len(input), limit)})
 	}
 	if _, done := c.stored.Load(def.Hash); !done {
 		if err := c.store.Definitions.Put(ctx, def); err != nil {

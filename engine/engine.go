@@ -219,6 +219,62 @@ type plan struct {
 	conflicted bool
 }
 
+// checkMessageSize refuses a transition whose dispatch could not be
+// published: the step message carries the state.
+func (e *Engine) checkMessageSize(cp *schemas.Checkpoint) error {
+	if cp.Current == nil {
+		return nil
+	}
+	if limit := int(e.store.Config.MaxMessageBytes) - 8192; len(cp.State) > limit {
+		return &schemas.Error{Code: schemas.CodeTooLarge, Job: cp.JobID,
+			Message: fmt.Sprintf("state is %d bytes; a step message may carry at most %d", len(cp.State), limit)}
+	}
+	return nil
+}
+
+// tooLarge replaces a transition that cannot be stored (its state is over
+// a size limit) with one that fails the job and keeps the state it had: a
+// non-retryable error naming the job, the step and the sizes, never an
+// endless redelivery. A start that cannot be stored is rejected. It
+// reports whether there is a checkpoint to write.
+func (e *Engine) tooLarge(p *plan, cause error) bool {
+	se := schemas.AsError(cause)
+	if p.base == nil {
+		for _, it := range p.items {
+			if it.start != nil && !it.done {
+				_ = it.msg.TermWithReason(se.Error())
+				it.done = true
+				p.tally.rejected++
+				p.tally.started = 0
+			}
+		}
+		e.log.Warn("rejected job start", "job", p.job, "err", se)
+		p.next = nil
+		return false
+	}
+	now := e.cfg.Now()
+	cp := cloneCheckpoint(p.base.cp)
+	failed := &schemas.Error{Code: schemas.CodeTooLarge, Job: cp.JobID,
+		Message: se.Message + "; keep large values elsewhere and references in state"}
+	if cur := p.base.cp.Current; cur != nil {
+		failed.Step, failed.Attempt = cur.Step, cur.Attempt
+		if rec := cp.Steps[cur.Step]; rec != nil {
+			rec.Status, rec.LastError = schemas.StepFailed, failed
+		}
+	}
+	ev := failJob(cp, failed, now)
+	cp.Seq = p.base.cp.Seq + 1
+	cp.UpdatedAt, cp.Writer, cp.Cause = now, e.incarnation, p.next.Cause
+	if p.base.published.Load() {
+		cp.Events = nil
+	}
+	cp.Events = append(cp.Events, stamp([]event{ev}, cp.Seq, now)...)
+	p.next, p.dispatch = cp, false
+	p.tally.completed, p.tally.failed = 0, 1
+	e.log.Warn("job failed: its state would exceed a size limit", "job", cp.JobID, "err", failed)
+	return true
+}
+
 // dispatchedStep is the step the plan's transition dispatches, for
 // failpoints; "" when none.
 func (p *plan) dispatchedStep() string {
@@ -582,7 +638,17 @@ func (e *Engine) write(ctx context.Context, ps []*plan) (conflicts []*plan) {
 		if p.base != nil {
 			rev = p.base.rev
 		}
-		w, err := e.store.Checkpoints.WriteAsync(p.next, rev)
+		var w *kv.PendingWrite
+		err := e.checkMessageSize(p.next)
+		if err == nil {
+			w, err = e.store.Checkpoints.WriteAsync(p.next, rev)
+		}
+		if errors.Is(err, schemas.ErrTooLarge) && e.tooLarge(p, err) {
+			w, err = e.store.Checkpoints.WriteAsync(p.next, rev)
+		}
+		if p.next == nil {
+			continue // a start too large to store: rejected
+		}
 		if err != nil {
 			p.err = err
 			continue

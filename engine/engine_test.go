@@ -512,9 +512,9 @@ func TestStartingAnExistingIDAttaches(t *testing.T) {
 	if err != nil || !res.Attached || res.Mismatch != "" {
 		t.Fatalf("second start = %+v, %v; want attached without mismatch", res, err)
 	}
-	res, _ = b.client.Start(context.Background(), def, json.RawMessage(`{"n": 2}`), StartOptions{JobID: id})
-	if !res.Attached || res.Mismatch == "" {
-		t.Errorf("start with other input = %+v, want attached with a mismatch note", res)
+	res, err = b.client.Start(context.Background(), def, json.RawMessage(`{"n": 2}`), StartOptions{JobID: id})
+	if !res.Attached || res.Mismatch == "" || !errors.Is(err, schemas.ErrConflict) {
+		t.Errorf("start with other input = %+v, %v; want attached with a mismatch note and ErrConflict", res, err)
 	}
 	if got := b.engine.Stats().JobsStarted; got != 1 {
 		t.Errorf("jobs started = %d, want 1", got)
@@ -632,4 +632,44 @@ func workMessages(t *testing.T, st *kv.Store) uint64 {
 		t.Fatal(err)
 	}
 	return info.State.Msgs
+}
+
+func TestStateOverTheSizeLimitFailsTheJobOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{kv: kv.Config{MaxValueBytes: 64 << 10, MaxMessageBytes: 64 << 10}})
+	big := json.RawMessage(`{"blob": "` + strings.Repeat("x", 30<<10) + `"}`)
+	var calls atomic.Int64
+	b.worker(func(sm *schemas.StepMessage) (json.RawMessage, *schemas.Error) {
+		calls.Add(1)
+		return big, nil
+	})
+	def := b.define(`
+name: grows
+version: 1
+steps:
+  - {id: a, kind: noop, save_as: a, next: [{to: b}]}
+  - {id: b, kind: noop, save_as: b, next: [{to: c}]}
+  - {id: c, kind: noop, save_as: c}
+`)
+	v := b.wait(b.start(def, `{}`, "grows"))
+	if v.Status != schemas.JobFailed || v.Error == nil || v.Error.Code != schemas.CodeTooLarge || v.Error.Step != "b" {
+		t.Fatalf("status %s error %+v, want failed with too_large at step b", v.Status, v.Error)
+	}
+	if !strings.Contains(v.Error.Message, "bytes") || !strings.Contains(string(v.State), `"a"`) || strings.Contains(string(v.State), `"b"`) {
+		t.Errorf("error %q / state keeps a and not b? %.80s", v.Error.Message, v.State)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Errorf("worker called %d times, want 2 (a, then b; nothing again)", n)
+	}
+	if got := b.engine.Stats().HandleErrors; got != 0 {
+		t.Errorf("handle errors = %d: the oversized result was retried", got)
+	}
+
+	_, err := b.client.Start(context.Background(), def, json.RawMessage(`{"blob": "`+strings.Repeat("y", 70<<10)+`"}`), StartOptions{JobID: "huge"})
+	if !errors.Is(err, schemas.ErrTooLarge) {
+		t.Fatalf("start with a huge input: %v, want ErrTooLarge", err)
+	}
+	if _, err := b.store.Checkpoints.Get(context.Background(), "huge"); !errors.Is(err, schemas.ErrNotFound) {
+		t.Errorf("a checkpoint was stored for the rejected start: %v", err)
+	}
 }

@@ -64,14 +64,14 @@ func newStartCmd(g *globals) *cobra.Command {
 			}
 			return g.withClient(cmd.Context(), func(c *engine.Client, _ *kv.Store) error {
 				res, err := c.Start(cmd.Context(), def, in, engine.StartOptions{JobID: jobID, Vars: vm})
-				if errors.Is(err, schemas.ErrInputInvalid) {
+				if errors.Is(err, schemas.ErrInputInvalid) || errors.Is(err, schemas.ErrTooLarge) {
 					return &ExitError{Code: 2, Err: fmt.Errorf("input %s: %w", input, err)}
+				}
+				if errors.Is(err, schemas.ErrConflict) {
+					return &ExitError{Code: 2, Err: err}
 				}
 				if err != nil {
 					return err
-				}
-				if res.Mismatch != "" {
-					fmt.Fprintf(g.stderr, "warning: %s\n", res.Mismatch)
 				}
 				if output == "json" {
 					return printJSON(g.stdout, res)

@@ -281,17 +281,17 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 	client := engine.NewClient(st.store)
 	res, err := client.Start(ctx, def, input, engine.StartOptions{JobID: f.jobID, Vars: vars})
 	if err != nil {
-		if errors.Is(err, schemas.ErrInputInvalid) {
+		if errors.Is(err, schemas.ErrInputInvalid) || errors.Is(err, schemas.ErrTooLarge) {
 			return &ExitError{Code: 2, Err: fmt.Errorf("input %s: %w", f.input, err)}
+		}
+		if errors.Is(err, schemas.ErrConflict) {
+			return &ExitError{Code: 2, Err: err}
 		}
 		return err
 	}
 	if text {
 		if res.Attached {
-			fmt.Fprintf(out, "attached to job %s (it exists; resuming it)\n", res.JobID)
-			if res.Mismatch != "" {
-				fmt.Fprintf(g.stderr, "warning: %s\n", res.Mismatch)
-			}
+			fmt.Fprintf(out, "attached to job %s (it exists; following it to the end)\n", res.JobID)
 		} else {
 			fmt.Fprintf(out, "job %s started: %s v%d (definition %s)\n", res.JobID, def.Name, def.Version, def.Hash[:12])
 		}

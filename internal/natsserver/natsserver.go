@@ -12,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -49,11 +51,39 @@ type Config struct {
 	Debug bool
 }
 
+// ErrDataDirInUse is returned by Start when another process holds the
+// data directory: two servers on one directory would corrupt each other's
+// files.
+var ErrDataDirInUse = errors.New("data directory in use")
+
 // Server is a running embedded nats-server.
 type Server struct {
 	*server.Server
 	cfg    Config
-	memDir string // removed at Stop when Memory is set
+	memDir string   // removed at Stop when Memory is set
+	lock   *os.File // holds the data directory's lock until Stop
+}
+
+// lockDataDir takes an exclusive lock on dir/waymark.lock (flock), held for
+// the process's life or until released, and records the holder's pid.
+func lockDataDir(dir string) (*os.File, error) {
+	path := filepath.Join(dir, "waymark.lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock data directory %s: %w", dir, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(path)
+		f.Close()
+		who := strings.TrimSpace(string(holder))
+		if who == "" {
+			who = "unknown"
+		}
+		return nil, fmt.Errorf("data directory %s is used by another Waymark process (pid %s): stop it, or give this one another --data-dir: %w", dir, who, ErrDataDirInUse)
+	}
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	return f, nil
 }
 
 // Start starts the server and waits until it accepts connections (at most
@@ -67,6 +97,9 @@ func Start(cfg Config) (*Server, error) {
 	}
 	if cfg.SyncInterval == 0 {
 		cfg.SyncInterval = time.Second
+	}
+	if cfg.SyncInterval < 0 {
+		return nil, fmt.Errorf("sync interval %v: want a positive duration", cfg.SyncInterval)
 	}
 	opts := &server.Options{
 		ServerName:         "waymark-embedded",
@@ -88,7 +121,9 @@ func Start(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("embedded nats-server: %w", err)
 		}
 		opts.StoreDir = dir
-	} else {
+	}
+	var lock *os.File
+	if !cfg.Memory {
 		if cfg.DataDir == "" {
 			return nil, errors.New("embedded nats-server: no data directory")
 		}
@@ -96,7 +131,16 @@ func Start(cfg Config) (*Server, error) {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("embedded nats-server: create data directory %s: %w", dir, err)
 		}
+		var err error
+		if lock, err = lockDataDir(cfg.DataDir); err != nil {
+			return nil, err
+		}
 		opts.StoreDir = dir
+	}
+	release := func() {
+		if lock != nil {
+			lock.Close()
+		}
 	}
 	if cfg.Listen == "" {
 		opts.DontListen = true
@@ -111,11 +155,17 @@ func Start(cfg Config) (*Server, error) {
 		}
 		if p == 0 {
 			p = server.RANDOM_PORT
+		} else if ln, err := net.Listen("tcp", cfg.Listen); err != nil {
+			release()
+			return nil, fmt.Errorf("embedded nats-server: cannot listen on %s (is another server using it? pick another with --listen): %w", cfg.Listen, err)
+		} else {
+			ln.Close()
 		}
 		opts.Host, opts.Port = host, p
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
+		release()
 		return nil, fmt.Errorf("embedded nats-server: %w", err)
 	}
 	if cfg.Logger != nil {
@@ -124,9 +174,10 @@ func Start(cfg Config) (*Server, error) {
 	ns.Start()
 	if !ns.ReadyForConnections(30 * time.Second) {
 		ns.Shutdown()
-		return nil, fmt.Errorf("embedded nats-server: not ready after 30s (is data directory %s locked by another process?)", opts.StoreDir)
+		release()
+		return nil, fmt.Errorf("embedded nats-server: not ready after 30s (data directory %s)", opts.StoreDir)
 	}
-	srv := &Server{Server: ns, cfg: cfg}
+	srv := &Server{Server: ns, cfg: cfg, lock: lock}
 	if cfg.Memory {
 		srv.memDir = opts.StoreDir
 	}
@@ -159,13 +210,20 @@ func (s *Server) Stop(ctx context.Context) {
 	if s.memDir != "" {
 		_ = os.RemoveAll(s.memDir)
 	}
+	if s.lock != nil {
+		s.lock.Close()
+		s.lock = nil
+	}
 }
 
 type slogAdapter struct{ log *slog.Logger }
 
 func (a *slogAdapter) Noticef(f string, v ...any) { a.log.Info(fmt.Sprintf(f, v...)) }
-func (a *slogAdapter) Warnf(f string, v ...any)   { a.log.Warn(fmt.Sprintf(f, v...)) }
-func (a *slogAdapter) Fatalf(f string, v ...any)  { a.log.Error(fmt.Sprintf(f, v...)) }
-func (a *slogAdapter) Errorf(f string, v ...any)  { a.log.Error(fmt.Sprintf(f, v...)) }
-func (a *slogAdapter) Debugf(f string, v ...any)  { a.log.Debug(fmt.Sprintf(f, v...)) }
-func (a *slogAdapter) Tracef(f string, v ...any)  { a.log.Debug(fmt.Sprintf(f, v...)) }
+
+// Warnf: the server's warnings (a stream's index rebuilt after an unclean
+// stop, say) are routine for an embedded server; they go out at info level.
+func (a *slogAdapter) Warnf(f string, v ...any)  { a.log.Info(fmt.Sprintf(f, v...)) }
+func (a *slogAdapter) Fatalf(f string, v ...any) { a.log.Error(fmt.Sprintf(f, v...)) }
+func (a *slogAdapter) Errorf(f string, v ...any) { a.log.Error(fmt.Sprintf(f, v...)) }
+func (a *slogAdapter) Debugf(f string, v ...any) { a.log.Debug(fmt.Sprintf(f, v...)) }
+func (a *slogAdapter) Tracef(f string, v ...any) { a.log.Debug(fmt.Sprintf(f, v...)) }
