@@ -51,8 +51,41 @@ func (a *API) Handler() http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	return mux
+	return jsonErrors(mux)
 }
+
+// jsonErrors answers the mux's own 404 and 405 in the API's error shape.
+func jsonErrors(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h, pattern := mux.Handler(r)
+		if pattern != "" {
+			mux.ServeHTTP(w, r) // the mux sets the path values
+			return
+		}
+		rec := &statusRecorder{header: http.Header{}}
+		h.ServeHTTP(rec, r)
+		for k, v := range rec.header {
+			if k != "Content-Type" && k != "X-Content-Type-Options" {
+				w.Header()[k] = v
+			}
+		}
+		code := schemas.CodeNotFound
+		msg := fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)
+		if rec.status == http.StatusMethodNotAllowed {
+			code, msg = "method_not_allowed", fmt.Sprintf("%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, rec.header.Get("Allow"))
+		}
+		writeJSON(w, max(rec.status, http.StatusNotFound), map[string]apiError{"error": {Code: code, Message: msg}})
+	})
+}
+
+type statusRecorder struct {
+	header http.Header
+	status int
+}
+
+func (s *statusRecorder) Header() http.Header         { return s.header }
+func (s *statusRecorder) Write(b []byte) (int, error) { return len(b), nil }
+func (s *statusRecorder) WriteHeader(code int)        { s.status = code }
 
 type apiError struct {
 	Code     schemas.Code             `json:"code"`

@@ -74,6 +74,8 @@ func TestHTTPAPI(t *testing.T) {
 		{"GET", "/v1/jobs/absent", "", 404, "not_found"},
 		{"GET", "/v1/jobs/absent/history", "", 404, "not_found"},
 		{"GET", "/v1/jobs?limit=0", "", 400, "input_invalid"},
+		{"GET", "/v1/nothing", "", 404, "not_found"},
+		{"DELETE", "/v1/jobs/api-1", "", 405, "method_not_allowed"},
 	} {
 		code, m := do(tc.method, tc.path, tc.body)
 		e, _ := m["error"].(map[string]any)

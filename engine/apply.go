@@ -55,10 +55,10 @@ func checkInput(c *compiled, input json.RawMessage) (json.RawMessage, error) {
 		return nil, schemas.Errorf(schemas.CodeInputInvalid, "input is not JSON: %v", err)
 	}
 	if err := c.input.Validate(doc); err != nil {
-		return nil, schemas.Errorf(schemas.CodeInputInvalid, "input does not match the workflow's input_schema: %v", err)
+		return nil, schemas.Errorf(schemas.CodeInputInvalid, "input does not match the workflow's input_schema: %w", err)
 	}
 	if err := c.state.Validate(doc); err != nil {
-		return nil, schemas.Errorf(schemas.CodeInputInvalid, "input, as the initial state, does not match the workflow's state_schema: %v", err)
+		return nil, schemas.Errorf(schemas.CodeInputInvalid, "input, as the initial state, does not match the workflow's state_schema: %w", err)
 	}
 	return input, nil
 }
@@ -71,7 +71,7 @@ func newJob(c *compiled, req *schemas.StartRequest, msgID string, now time.Time)
 	input, err := checkInput(c, req.Input)
 	if err != nil {
 		e := schemas.AsError(err)
-		return nil, nil, &schemas.Error{Code: e.Code, Message: e.Message, Job: req.JobID}
+		return nil, nil, (&schemas.Error{Code: e.Code, Message: e.Message, Job: req.JobID}).WithCause(e.Unwrap())
 	}
 	vars := maps.Clone(def.Vars)
 	if len(req.Vars) > 0 && vars == nil {
@@ -134,6 +134,20 @@ func dispatch(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, not
 	return event{typ: schemas.EventStepDispatched, data: schemas.HistoryData{
 		Job: cp.JobID, Step: step, Attempt: d.Attempt, Status: string(rec.Status), NotBefore: notBefore,
 	}}
+}
+
+// dispatchOrStop dispatches step, unless the job has used up its step
+// budget (max_steps): a loop that never ends fails the job instead.
+func dispatchOrStop(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, notBefore, now time.Time) event {
+	used := 0
+	for _, r := range cp.Steps {
+		used += r.Attempts
+	}
+	if limit := c.def.MaxStepsOf(); used >= limit {
+		return failJob(cp, &schemas.Error{Code: schemas.CodeStepFailed, Job: cp.JobID, Step: step,
+			Message: fmt.Sprintf("the job dispatched %d step attempts, its limit (max_steps %d): a loop that does not end?", used, limit)}, now)
+	}
+	return dispatch(c, cp, step, newRun, notBefore, now)
 }
 
 // applyResult applies a step result to cp (a private copy) and returns the
@@ -199,9 +213,8 @@ func applyResult(c *compiled, cp *schemas.Checkpoint, res *schemas.StepResult, n
 		case t.End:
 			return outcomeApplied, append(evs, completeJob(cp, now))
 		default:
-			ev := dispatch(c, cp, t.To, true, time.Time{}, now)
 			evs[len(evs)-1].data.Next = t.To
-			return outcomeApplied, append(evs, ev)
+			return outcomeApplied, append(evs, dispatchOrStop(c, cp, t.To, true, time.Time{}, now))
 		}
 	}
 	return outcomeApplied, append(evs, completeJob(cp, now))
@@ -282,13 +295,13 @@ func failAttempt(c *compiled, cp *schemas.Checkpoint, step *schemas.Step, rec *s
 	if retry {
 		next := now.Add(policy.Delay(rec.RunAttempt + 1))
 		ev.data.NotBefore = next
-		return []event{ev, dispatch(c, cp, step.ID, false, next, now)}
+		return []event{ev, dispatchOrStop(c, cp, step.ID, false, next, now)}
 	}
 	rec.Status = schemas.StepFailed
 	cp.Current = nil
 	if step.OnError != "" {
 		ev.data.Next = step.OnError
-		return []event{ev, dispatch(c, cp, step.OnError, true, time.Time{}, now)}
+		return []event{ev, dispatchOrStop(c, cp, step.OnError, true, time.Time{}, now)}
 	}
 	return []event{ev, failJob(cp, e, now)}
 }
@@ -317,7 +330,7 @@ func applySignal(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now t
 	cp.Status = schemas.JobRunning
 	cp.Blocked = nil
 	evs := []event{{typ: schemas.EventStepUnblocked, data: schemas.HistoryData{Job: cp.JobID, Step: step, EffectKey: sig.Key, By: sig.By}}}
-	return outcomeApplied, append(evs, dispatch(c, cp, step, false, time.Time{}, now))
+	return outcomeApplied, append(evs, dispatchOrStop(c, cp, step, false, time.Time{}, now))
 }
 
 func failJob(cp *schemas.Checkpoint, e *schemas.Error, now time.Time) event {

@@ -110,6 +110,16 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 	if err != nil {
 		return StartResult{}, err
 	}
+	for k := range opts.Vars {
+		if _, declared := def.Vars[k]; !declared {
+			names := make([]string, 0, len(def.Vars))
+			for n := range def.Vars {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			return StartResult{}, schemas.Errorf(schemas.CodeInputInvalid, "var %q is not declared by workflow %s (it declares: %s)", k, def.Name, strings.Join(names, ", "))
+		}
+	}
 	if len(bytes.TrimSpace(input)) == 0 {
 		input = json.RawMessage("{}")
 	}

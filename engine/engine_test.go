@@ -562,8 +562,21 @@ steps:
 		v, err := b.client.Job(context.Background(), id)
 		return err == nil && v.Current != nil
 	}, "job not started")
-	// The "slow" pool has no worker: purge its message, then move the clock
-	// past timeout + 2 x ack wait + grace.
+	// The "slow" pool has a consumer (a worker came and went) and no worker
+	// now. While its message is queued, the step is waiting, not lost.
+	if _, err := b.store.EnsureWorkConsumer(context.Background(), "slow"); err != nil {
+		t.Fatal(err)
+	}
+	clock.Add(int64(10 * time.Second))
+	if err := b.engine.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.engine.Stats().AttemptsLost; got != 0 {
+		t.Fatalf("declared lost while its message waits in the queue: %d", got)
+	}
+	clock.Add(-int64(10 * time.Second))
+	// Purge the message (the stream lost it), then move the clock past
+	// timeout + 2 x ack wait + grace.
 	s, _ := b.store.JS.Stream(context.Background(), b.store.Names.WorkStream)
 	if err := s.Purge(context.Background(), jetstream.WithPurgeSubject(b.store.Names.WorkSubject("slow"))); err != nil {
 		t.Fatal(err)
@@ -671,5 +684,26 @@ steps:
 	}
 	if _, err := b.store.Checkpoints.Get(context.Background(), "huge"); !errors.Is(err, schemas.ErrNotFound) {
 		t.Errorf("a checkpoint was stored for the rejected start: %v", err)
+	}
+}
+
+func TestEndlessLoopStopsAtMaxSteps(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	calls := b.worker(echo)
+	def := b.define(`
+name: forever
+version: 1
+max_steps: 25
+steps:
+  - {id: a, kind: noop, next: [{to: b}]}
+  - {id: b, kind: noop, next: [{to: a}]}
+`)
+	v := b.wait(b.start(def, `{}`, "forever"))
+	if v.Status != schemas.JobFailed || v.Error == nil || !strings.Contains(v.Error.Message, "max_steps 25") {
+		t.Fatalf("status %s error %+v, want failed at the step limit", v.Status, v.Error)
+	}
+	if n := calls.Load(); n != 25 {
+		t.Errorf("steps run = %d, want 25", n)
 	}
 }

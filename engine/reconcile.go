@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
 )
@@ -145,7 +147,20 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 		return err
 	}
 	e.ctr.oldestRunning.Store(oldest.Milliseconds())
+	waiting := map[string]bool{} // pool → its queue holds undelivered messages
 	for _, ent := range overdue {
+		pool := ent.Checkpoint.Current.Pool
+		w, checked := waiting[pool]
+		if !checked {
+			w = e.poolBacklogged(ctx, pool)
+			waiting[pool] = w
+		}
+		if w {
+			// The step message is most likely still queued, waiting for a
+			// worker of its pool: not lost, and not worth an attempt.
+			e.log.Warn("step waits for a worker of its pool", "job", ent.Checkpoint.JobID, "step", ent.Checkpoint.Current.Step, "pool", pool)
+			continue
+		}
 		if err := e.loseAttempt(ctx, ent, now); err != nil && firstErr == nil {
 			firstErr = err
 		}
@@ -188,4 +203,23 @@ func (e *Engine) loseAttempt(ctx context.Context, ent kv.Entry, now time.Time) e
 	e.log.Warn("declared attempt lost", "job", cp.JobID, "step", cur.Step, "attempt", cur.Attempt, "waited", waited)
 	e.finishPublish(ctx, e.startPublish([]*plan{p}))
 	return p.err
+}
+
+// poolBacklogged reports whether pool's queue may still hold undelivered
+// step messages: no worker has ever served the pool (its consumer does not
+// exist), or its consumer has messages not yet delivered. An error counts
+// as backlogged: losing an attempt needs certainty.
+func (e *Engine) poolBacklogged(ctx context.Context, pool string) bool {
+	c, err := e.store.JS.Consumer(ctx, e.store.Names.WorkStream, e.store.Names.WorkConsumer(pool))
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return true
+	}
+	if err != nil {
+		return true
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return true
+	}
+	return info.NumPending > 0
 }

@@ -33,6 +33,7 @@ const (
 	DefaultBackoffInitial  = time.Second
 	DefaultBackoffMax      = time.Minute
 	DefaultBackoffMultiple = 2.0
+	DefaultMaxSteps        = 10000
 )
 
 // Definition is a validated workflow definition. Its Hash (hex SHA-256 of
@@ -46,6 +47,7 @@ type Definition struct {
 	InputSchema json.RawMessage            `json:"input_schema,omitempty"`
 	StateSchema json.RawMessage            `json:"state_schema,omitempty"`
 	Start       string                     `json:"start,omitempty"`
+	MaxSteps    int                        `json:"max_steps,omitempty"` // dispatches per job; 0 means DefaultMaxSteps
 	Vars        map[string]string          `json:"vars,omitempty"`
 	Assets      map[string]json.RawMessage `json:"assets,omitempty"` // file contents by asset name, embedded at load
 	Defaults    StepDefaults               `json:"defaults,omitzero"`
@@ -171,6 +173,14 @@ func (d *Definition) buildIndex() {
 	for i := range d.Steps {
 		d.index[d.Steps[i].ID] = i
 	}
+}
+
+// MaxStepsOf returns the most step attempts one job may dispatch.
+func (d *Definition) MaxStepsOf() int {
+	if d.MaxSteps > 0 {
+		return d.MaxSteps
+	}
+	return DefaultMaxSteps
 }
 
 // StartStep returns the id of the first step: Start, or the first listed.

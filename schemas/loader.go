@@ -689,3 +689,14 @@ func tokenPosition(t *token.Token) token.Position {
 	}
 	return *t.Position
 }
+
+// LocateInJSON returns the line and column (1-based) of the value at the
+// JSON Pointer ptr in a JSON (or YAML) document, or of its deepest existing
+// parent; 0, 0 when data does not parse.
+func LocateInJSON(data []byte, ptr string) (int, int) {
+	file, err := parser.ParseBytes(data, 0)
+	if err != nil {
+		return 0, 0
+	}
+	return (&locator{file: file}).position(ptr)
+}

@@ -84,7 +84,19 @@ func (e *Env) Service(name string) (string, error) {
 		}
 	}
 	sort.Strings(known)
-	return "", fmt.Errorf("no service named %q (give the worker --service %s=URL; known: %s)", name, name, strings.Join(known, ", "))
+	return "", &MissingServiceError{Name: name, Known: known}
+}
+
+// MissingServiceError says a template named a service this worker was not
+// given. The worker hands the step back (another worker may have the
+// service) instead of failing it.
+type MissingServiceError struct {
+	Name  string
+	Known []string
+}
+
+func (e *MissingServiceError) Error() string {
+	return fmt.Sprintf("no service named %q (give the worker --service %s=URL; known: %s)", e.Name, e.Name, strings.Join(e.Known, ", "))
 }
 
 // ParseServices parses "name=url" pairs, as --service flags give them.

@@ -53,6 +53,10 @@ type WorkerConfig struct {
 	Heartbeat time.Duration
 	// FetchWait bounds one pull request. Default 5s.
 	FetchWait time.Duration
+	// DrainTimeout is how long steps in hand may run on after Run's context
+	// ends, to finish and report; then they are cancelled and handed back.
+	// Default 10s.
+	DrainTimeout time.Duration
 	// Logger receives the worker's log; nil means slog.Default().
 	Logger *slog.Logger
 	// Failpoints injects faults at named points; nil injects nothing.
@@ -113,6 +117,9 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 	if cfg.FetchWait == 0 {
 		cfg.FetchWait = DefaultFetchWait
 	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = 10 * time.Second
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -121,10 +128,11 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 		log: cfg.Logger.With("component", "worker", "pool", cfg.Pool, "worker", cfg.ID)}, nil
 }
 
-// Run serves the pool until ctx ends, then waits for the steps in hand:
-// their results are not published (the ctx that bounds them has ended) and
-// their messages go back for redelivery. It returns nil after a clean
-// stop. Errors: the pool's consumer could not be created.
+// Run serves the pool until ctx ends, then stops taking steps and waits
+// for those in hand, up to DrainTimeout: those that finish are reported as
+// usual; those still running then are cancelled and their messages go back
+// for redelivery. It returns nil after a clean stop. Errors: the pool's
+// consumer could not be created.
 func (w *Worker) Run(ctx context.Context) error {
 	cons, err := w.store.EnsureWorkConsumer(ctx, w.cfg.Pool)
 	if err != nil {
@@ -133,9 +141,24 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	// Steps in hand outlive ctx by DrainTimeout: a worker asked to stop
+	// finishes the calls it has started (and reports them) rather than
+	// abandon them half done, which would make their outcome unknown.
+	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelRun()
+	stopDrain := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(w.cfg.DrainTimeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancelRun()
+		case <-runCtx.Done():
+		}
+	})
+	defer stopDrain()
 	slots := make(chan struct{}, w.cfg.Concurrency)
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	defer func() { wg.Wait(); cancelRun() }()
 	for ctx.Err() == nil {
 		// Pull only as many messages as there are free slots, so no message
 		// waits in a local buffer while its lease runs out.
@@ -163,7 +186,7 @@ func (w *Worker) Run(ctx context.Context) error {
 				wg.Add(1)
 				go func() {
 					defer func() { <-slots; wg.Done() }()
-					w.handle(ctx, m)
+					w.handle(runCtx, m)
 				}()
 			}
 			err = batch.Error()
@@ -225,6 +248,15 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 		w.ctr.replayedPure.Add(1) // a pure step runs again: harmless, counted
 	}
 	res, stale := w.run(ctx, m, ps, sm, delivered, log)
+	var missing *MissingServiceError
+	if res != nil && res.Error != nil && errors.As(res.Error, &missing) {
+		// Another worker of the pool may have the service: hand the step
+		// back rather than fail it. A pool where none has it ends in the
+		// dead-letter path after the work consumer's max deliveries.
+		log.Warn("this worker lacks a service the step needs; handing the step back", "service", missing.Name)
+		_ = m.NakWithDelay(min(max(w.store.Config.WorkAckWait/6, 100*time.Millisecond), 5*time.Second))
+		return
+	}
 	if stale {
 		// The engine has moved past this attempt (or a later delivery owns
 		// its effect): nothing to report, nothing to run again.

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -546,7 +547,7 @@ func TestWorkerAcksAfterResult(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := setupWorker(t, workerOptions{noStart: true})
-	_, stop := b.start(WorkerConfig{Failpoints: fp})
+	_, stop := b.start(WorkerConfig{Failpoints: fp, DrainTimeout: 100 * time.Millisecond})
 	b.send(schemas.StepMessage{Job: "job-ack", Step: "echo", State: json.RawMessage(`{"out": {"answer": "a"}}`)})
 	b.result("job-ack")
 	if n := b.workMessages(); n != 1 {
@@ -592,7 +593,7 @@ func TestWorkerRedelivery(t *testing.T) {
 func TestWorkerStopHandsBack(t *testing.T) {
 	t.Parallel()
 	b := setupWorker(t, workerOptions{noStart: true})
-	_, stop := b.start(WorkerConfig{})
+	_, stop := b.start(WorkerConfig{DrainTimeout: 100 * time.Millisecond})
 	b.send(schemas.StepMessage{Job: "job-stop", Step: "long", State: json.RawMessage(`{"ms": 600000}`)})
 	testsupport.Eventually(t, 10*time.Second, func() bool { return b.runsOf("job-stop") == 1 }, "the step never started")
 	stop()
@@ -609,6 +610,22 @@ func TestWorkerStopHandsBack(t *testing.T) {
 	res := b.result("job-stop")
 	if res.Error != nil || res.Worker != "second" || !res.Redelivered || w2.Stats().Redeliveries != 1 {
 		t.Errorf("result %+v, stats %+v: want the second worker's success, marked redelivered", res, w2.Stats())
+	}
+	b.waitWorkEmpty()
+}
+
+// TestWorkerStopDrains stops a worker while a short step runs: the step
+// finishes within the drain time and its result is reported.
+func TestWorkerStopDrains(t *testing.T) {
+	t.Parallel()
+	b := setupWorker(t, workerOptions{noStart: true})
+	_, stop := b.start(WorkerConfig{DrainTimeout: 30 * time.Second})
+	b.send(schemas.StepMessage{Job: "job-drain", Step: "long", State: json.RawMessage(`{"ms": 400}`)})
+	testsupport.Eventually(t, 10*time.Second, func() bool { return b.runsOf("job-drain") == 1 }, "the step never started")
+	stop()
+	res := b.lastResult("job-drain")
+	if res == nil || res.Error != nil {
+		t.Fatalf("result after a stop mid-step = %+v, want the step's success reported", res)
 	}
 	b.waitWorkEmpty()
 }
@@ -701,5 +718,31 @@ func TestNewWorker(t *testing.T) {
 				t.Errorf("default registry = %s, want the builtins", got)
 			}
 		})
+	}
+}
+
+// TestWorkerWithoutAServiceHandsTheStepBack: a worker that lacks a service
+// the step names gives the step back for another worker instead of failing
+// it; a worker that has the service performs it.
+func TestWorkerWithoutAServiceHandsTheStepBack(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		calls.Add(1)
+		_, _ = w.Write([]byte(`{"id": "T-1"}`))
+	}))
+	t.Cleanup(srv.Close)
+	b := setupWorker(t, workerOptions{kv: kv.Config{WorkAckWait: time.Second}, noStart: true})
+	without, stopWithout := b.start(WorkerConfig{Env: &Env{}, ID: "without"})
+	b.send(schemas.StepMessage{Job: "job-svc", Step: "file", State: json.RawMessage(`{"title": "x"}`)})
+	testsupport.Eventually(t, 10*time.Second, func() bool { return without.Stats().Started >= 1 }, "the step never reached the worker without the service")
+	stopWithout()
+	if res := b.lastResult("job-svc"); res != nil {
+		t.Fatalf("the worker without the service reported %+v; it should hand the step back", res)
+	}
+	b.start(WorkerConfig{Env: &Env{Services: map[string]string{"tickets": srv.URL}}, ID: "with"})
+	res := b.result("job-svc")
+	if res.Error != nil || res.Worker != "with" || calls.Load() != 1 {
+		t.Fatalf("result %+v after %d calls, want the worker with the service to succeed once", res, calls.Load())
 	}
 }

@@ -25,7 +25,7 @@ in-process worker, and, in the same process on a fresh server, the floor: a bare
 JetStream loop doing the least Waymark's design needs per step (checkpoint CAS,
 dispatch publish with a dedup id, pull and ack, result publish, consume and ack).
 It prints both and their ratios; medians over --rounds.`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(output); err != nil {
 				return &ExitError{Code: 2, Err: err}

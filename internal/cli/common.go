@@ -161,6 +161,17 @@ func (e *embeddedFlags) bind(cmd *cobra.Command) {
 	f.DurationVar(&e.syncInterval, "sync-interval", time.Second, "fsync period under --sync interval")
 }
 
+// validate checks the flags before anything starts.
+func (e *embeddedFlags) validate() error {
+	if e.sync != natsserver.SyncAlways && e.sync != natsserver.SyncInterval {
+		return fmt.Errorf("--sync %q: want always or interval", e.sync)
+	}
+	if e.syncInterval <= 0 {
+		return fmt.Errorf("--sync-interval %v: want a positive duration", e.syncInterval)
+	}
+	return nil
+}
+
 func (e *embeddedFlags) start(listen string, log *slog.Logger) (*natsserver.Server, error) {
 	return natsserver.Start(natsserver.Config{
 		DataDir: e.dataDir, Listen: listen, Sync: e.sync, SyncInterval: e.syncInterval,
@@ -195,8 +206,15 @@ func readInput(path string, stdin io.Reader) (json.RawMessage, error) {
 	}
 	if _, err := schemas.DecodeJSON(data); err != nil {
 		var se *json.SyntaxError
-		if errors.As(err, &se) {
-			line, col := lineCol(data, se.Offset)
+		off := int64(-1)
+		switch {
+		case errors.As(err, &se):
+			off = se.Offset - 1 // the offset is just past the offending byte
+		case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+			off = int64(len(data))
+		}
+		if off >= 0 {
+			line, col := lineCol(data, max(off, 0))
 			return nil, fmt.Errorf("input %s:%d:%d: not valid JSON: %v", path, line, col, err)
 		}
 		return nil, fmt.Errorf("input %s: not valid JSON: %v", path, err)
@@ -245,3 +263,35 @@ func checkOutput(o string) error {
 	}
 	return nil
 }
+
+// inputError adds file positions to the schema problems of an input error:
+// "input.json:12:5: at /reports/3/id: does not match pattern".
+func inputError(path string, data []byte, err error) error {
+	var se *schemas.SchemaError
+	if path == "" || path == "-" || !errors.As(err, &se) || len(se.Problems) == 0 {
+		return fmt.Errorf("input %s: %w", path, err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "input %s does not match the workflow's schema:", path)
+	for _, p := range se.Problems {
+		line, col := schemas.LocateInJSON(data, p.Path)
+		where := path
+		if line > 0 {
+			where = fmt.Sprintf("%s:%d:%d", path, line, col)
+		}
+		at := p.Path
+		if at == "" {
+			at = "/"
+		}
+		fmt.Fprintf(&b, "\n  %s: at %s: %s", where, at, p.Message)
+	}
+	return &inputErr{msg: b.String(), cause: err}
+}
+
+type inputErr struct {
+	msg   string
+	cause error
+}
+
+func (e *inputErr) Error() string { return e.msg }
+func (e *inputErr) Unwrap() error { return e.cause }

@@ -30,7 +30,7 @@ for steps that call the bundled test providers (payments, records, mail,
 tickets), the calls and effects each idempotency key received.
 
 Failpoints: ` + strings.Join(failpoint.Known, ", ") + `.`,
-		Args: cobra.ExactArgs(1),
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkOutput(output); err != nil {
 				return &ExitError{Code: 2, Err: err}

@@ -29,7 +29,7 @@ func newEffectsListCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "list [--job JOB] [--state STATE]",
 		Short: "List effect records, most recently updated first",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(output); err != nil {
 				return &ExitError{Code: 2, Err: err}
@@ -76,7 +76,7 @@ func newEffectsResolveCmd(g *globals) *cobra.Command {
 (with the provider's id and its result, which becomes the step's output) or it
 did not (the step will perform it). Who decided and when are recorded in the
 ledger and the job's history, and the job waiting on the effect resumes.`,
-		Args: cobra.ExactArgs(1),
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkOutput(output); err != nil {
 				return &ExitError{Code: 2, Err: err}

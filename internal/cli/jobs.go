@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -41,7 +43,7 @@ func newStartCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "start WORKFLOW --input FILE",
 		Short: "Start a job on a running engine and print its id",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkOutput(output); err != nil {
 				return &ExitError{Code: 2, Err: err}
@@ -96,7 +98,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status JOB",
 		Short: "Show a job: status, resume count, steps and state",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkOutput(output); err != nil {
 				return &ExitError{Code: 2, Err: err}
@@ -152,10 +154,18 @@ func newListCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List jobs, most recently updated first",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(output); err != nil {
 				return &ExitError{Code: 2, Err: err}
+			}
+			switch schemas.JobStatus(status) {
+			case "", schemas.JobRunning, schemas.JobCompleted, schemas.JobFailed, schemas.JobNeedsReconciliation, schemas.JobQuarantined:
+			default:
+				return &ExitError{Code: 2, Err: fmt.Errorf("--status %q: want running, completed, failed, needs_reconciliation or quarantined", status)}
+			}
+			if limit < 1 {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--limit %d: want 1 or more", limit)}
 			}
 			return g.withClient(cmd.Context(), func(c *engine.Client, _ *kv.Store) error {
 				jobs, err := c.List(cmd.Context(), engine.ListFilter{Status: schemas.JobStatus(status), Workflow: workflow, Limit: limit})
@@ -190,7 +200,7 @@ func newHistoryCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "history JOB",
 		Short: "Print a job's history: every transition, in order",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkOutput(output); err != nil {
 				return &ExitError{Code: 2, Err: err}
@@ -210,11 +220,13 @@ func newHistoryCmd(g *globals) *cobra.Command {
 					return printJSON(g.stdout, map[string]any{"events": evs})
 				}
 				for _, h := range evs {
-					fmt.Fprintf(g.stdout, "%s  seq %-4d %-28s", h.Time.Format("15:04:05.000"), h.Data.Seq, h.Type)
-					printEvent(g.stdout, h)
-					if h.Type == schemas.EventJobStarted || h.Type == schemas.EventJobCompleted {
-						fmt.Fprintln(g.stdout)
+					seq := "seq " + strconv.FormatUint(h.Data.Seq, 10)
+					if h.Data.Seq == 0 {
+						seq = "ledger" // effect events are not checkpoint transitions
 					}
+					var line strings.Builder
+					printEvent(&line, h)
+					fmt.Fprintf(g.stdout, "%s  %-8s %-30s %s\n", h.Time.Format("15:04:05.000"), seq, strings.TrimPrefix(h.Type, "dev.waymark."), strings.TrimSpace(line.String()))
 				}
 				return nil
 			})
@@ -230,7 +242,7 @@ func newValidateCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "validate WORKFLOW [--input FILE]",
 		Short: "Check a workflow definition (and an input) without running anything",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sf.modelMode = steps.ModelReplay
 			env, _ := sf.env()
@@ -244,7 +256,7 @@ func newValidateCmd(g *globals) *cobra.Command {
 					return &ExitError{Code: 2, Err: err}
 				}
 				if err := engine.CheckInput(def, in); err != nil {
-					return &ExitError{Code: 2, Err: fmt.Errorf("input %s: %w", input, err)}
+					return &ExitError{Code: 2, Err: inputError(input, in, err)}
 				}
 			}
 			fmt.Fprintf(g.stdout, "%s: ok (%s v%d, %d steps, definition %s)\n", args[0], def.Name, def.Version, len(def.Steps), def.Hash[:12])

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"fmt"
 	"io"
 
 	"github.com/spf13/cobra"
@@ -24,6 +25,7 @@ where it stopped without performing a step's side effect twice.`,
 		Version:       Version,
 	}
 	g.bind(root)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &ExitError{Code: 2, Err: err} })
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.AddCommand(newRunCmd(g), newServeCmd(g), newStartCmd(g), newStatusCmd(g), newListCmd(g),
@@ -32,4 +34,22 @@ where it stopped without performing a step's side effect twice.`,
 	w.Short = "Run a worker in this process (same as the worker binary)"
 	root.AddCommand(w)
 	return root
+}
+
+// exactArgs and noArgs check argument counts as cobra's do, with exit
+// status 2 (usage).
+func exactArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := cobra.ExactArgs(n)(cmd, args); err != nil {
+			return &ExitError{Code: 2, Err: fmt.Errorf("%w (usage: %s)", err, cmd.UseLine())}
+		}
+		return nil
+	}
+}
+
+func noArgs(cmd *cobra.Command, args []string) error {
+	if err := cobra.NoArgs(cmd, args); err != nil {
+		return &ExitError{Code: 2, Err: fmt.Errorf("%w (usage: %s)", err, cmd.UseLine())}
+	}
+	return nil
 }

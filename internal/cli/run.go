@@ -77,7 +77,7 @@ after a crash attaches to that job and finishes it instead of starting another.
 Bundled demo services named by the workflow ({{service "tickets"}}) start by
 themselves unless --service gives their URL. Exit status: 0 completed, 1 failed,
 2 bad input, 130 interrupted (the job stays saved and resumes on the next run).`,
-		Args: cobra.ExactArgs(1),
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runJob(cmd.Context(), g, &f, args[0], cmd.InOrStdin())
 		},
@@ -209,6 +209,25 @@ func (s *stack) stop() {
 	}
 }
 
+// missingServices returns the services def's templates name that env does
+// not map and that are not bundled.
+func missingServices(def *schemas.Definition, env *steps.Env, bundled []string) []string {
+	have := map[string]bool{}
+	for _, n := range bundled {
+		have[n] = true
+	}
+	var out []string
+	for _, s := range def.Steps {
+		for _, m := range serviceRefRE.FindAllStringSubmatch(string(s.With), -1) {
+			if _, given := env.Services[m[1]]; !given && !have[m[1]] {
+				out = append(out, m[1])
+				have[m[1]] = true
+			}
+		}
+	}
+	return out
+}
+
 var serviceRefRE = regexp.MustCompile(`service\s+\\?"([A-Za-z0-9_-]+)\\?"`)
 
 // bundledServices returns the bundled demo services def refers to that
@@ -264,11 +283,26 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 			return &ExitError{Code: 2, Err: err}
 		}
 	}
+	if err := engine.CheckInput(def, input); err != nil {
+		return &ExitError{Code: 2, Err: inputError(f.input, input, err)}
+	}
+	names := bundledServices(def, env)
+	if missing := missingServices(def, env, names); len(missing) > 0 {
+		return &ExitError{Code: 2, Err: fmt.Errorf("workflow %s uses service(s) %s that are neither bundled nor given: add --service NAME=URL", path, strings.Join(missing, ", "))}
+	}
+	if f.workers < 0 {
+		return &ExitError{Code: 2, Err: fmt.Errorf("--workers %d: want 0 or more", f.workers)}
+	}
+	if f.workers == 0 && g.natsURL == "" {
+		return &ExitError{Code: 2, Err: errors.New("--workers 0 on the embedded server: no worker could reach it, so the job would wait forever; use engine serve for separate workers")}
+	}
+	if err := f.embedded.validate(); err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
 	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
 
 	demoDir := filepath.Join(f.embedded.dataDir, "demo")
-	names := bundledServices(def, env)
 	st, err := g.startStack(ctx, &f.embedded, stackOptions{
 		env: env, workers: f.workers, engines: 1, demoDir: demoDir, demoNames: names, log: log,
 	})
@@ -305,6 +339,11 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 		wctx, cancel = context.WithTimeout(ctx, f.timeout)
 		defer cancel()
 	}
+	if res.Attached && text {
+		if v, err := client.Job(ctx, res.JobID); err == nil && v.Status.Stopped() {
+			fmt.Fprintf(out, "job %s had already stopped: %s\n", res.JobID, v.Status)
+		}
+	}
 	start := time.Now()
 	view, err := client.Wait(wctx, res.JobID, func(h engine.HistoryEvent) {
 		if text {
@@ -313,8 +352,11 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 	})
 	if err != nil {
 		if ctx.Err() != nil || wctx.Err() != nil {
-			fmt.Fprintf(g.stderr, "stopped waiting; job %s is saved. Run the same command with --job-id %s to resume it.\n", res.JobID, res.JobID)
-			return &ExitError{Code: 130, Err: fmt.Errorf("job %s: %w", res.JobID, err)}
+			why := "interrupted"
+			if ctx.Err() == nil {
+				why = fmt.Sprintf("--timeout %v passed", f.timeout)
+			}
+			return &ExitError{Code: 130, Err: fmt.Errorf("%s; job %s is saved: run the same command with --job-id %s to resume it", why, res.JobID, res.JobID)}
 		}
 		return err
 	}

@@ -41,7 +41,7 @@ func newServeCmd(g *globals) *cobra.Command {
 embedded nats-server whose client port (--listen, loopback by default) lets the
 nats CLI, "engine start" and separate "worker" processes reach it. The HTTP API
 (--http) starts, gets and lists jobs and serves Prometheus /metrics.`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return serve(cmd.Context(), g, &f)
 		},
@@ -64,6 +64,12 @@ func serve(ctx context.Context, g *globals, f *serveFlags) error {
 	env, err := f.steps.env()
 	if err != nil {
 		return &ExitError{Code: 2, Err: err}
+	}
+	if err := f.embedded.validate(); err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
+	if f.workers < 0 {
+		return &ExitError{Code: 2, Err: fmt.Errorf("--workers %d: want 0 or more", f.workers)}
 	}
 	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()

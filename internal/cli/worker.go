@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"regexp"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,7 +38,7 @@ func NewWorkerCommand(stdout, stderr interface {
 registers). Any number of workers may serve a pool, on any machines that reach
 the NATS server. A worker that dies mid-step loses nothing: the step message is
 delivered to another worker after its lease (the work ack wait) runs out.`,
-		Args:          cobra.NoArgs,
+		Args:          noArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -48,6 +49,12 @@ delivered to another worker after its lease (the work ack wait) runs out.`,
 			env, err := sf.env()
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
+			}
+			if concurrency < 1 {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--concurrency %d: want 1 or more", concurrency)}
+			}
+			if !poolRE.MatchString(pool) {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--pool %q: want lower-case letters, digits, '-' and '_', starting with a letter (at most 32)", pool)}
 			}
 			fp, err := failpoint.FromEnv()
 			if err != nil {
@@ -107,3 +114,5 @@ func serveWorkerMetrics(addr string, w *steps.Worker) (stop func(), bound string
 	go func() { _ = srv.Serve(ln) }()
 	return func() { _ = srv.Close() }, ln.Addr().String(), nil
 }
+
+var poolRE = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
