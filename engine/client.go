@@ -221,37 +221,63 @@ func (c *Client) List(ctx context.Context, f ListFilter) ([]JobSummary, error) {
 	return out, nil
 }
 
-// History returns job id's history events in order.
+// History returns job id's history events in the order they happened:
+// those in the history stream and those its checkpoint still holds (see
+// Config.HistoryBatch).
 func (c *Client) History(ctx context.Context, id string) ([]HistoryEvent, error) {
 	var out []HistoryEvent
+	seen := map[string]bool{}
 	err := c.follow(ctx, id, func(h HistoryEvent, pending uint64) bool {
+		seen[h.ID] = true
 		out = append(out, h)
 		return pending > 0
 	}, true)
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	ent, err := c.store.Checkpoints.Get(ctx, id)
+	if err != nil {
+		if errors.Is(err, schemas.ErrNotFound) {
+			return out, nil
+		}
+		return nil, err
+	}
+	for _, h := range checkpointHistory(id, ent.Checkpoint.Events) {
+		if !seen[h.ID] {
+			out = append(out, h)
+		}
+	}
+	// Transitions reach the stream in batches, ledger events one by one:
+	// order them by when they happened.
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Time.Before(out[j].Time) })
+	return out, nil
 }
 
 // Wait follows job id until it stops (completed, failed, or waiting for a
 // person: needs_reconciliation, quarantined), calling onEvent (if not nil)
-// with each history event in order, and returns the final record.
-// Errors: ctx's error when it ends first; schemas.ErrNotFound when the job
-// does not appear within ctx.
+// with each history event once, and returns the final record. Transitions
+// come from the checkpoint as it is written, ledger events from the history
+// stream. Errors: ctx's error when it ends first.
 func (c *Client) Wait(ctx context.Context, id string, onEvent func(HistoryEvent)) (*JobView, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var (
-		seen = make(chan struct{}) // closed when a terminal history event arrives
-		once sync.Once
-	)
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	emit := func(h HistoryEvent) {
+		mu.Lock()
+		defer mu.Unlock()
+		if seen[h.ID] {
+			return
+		}
+		seen[h.ID] = true
+		if onEvent != nil {
+			onEvent(h)
+		}
+	}
 	followDone := make(chan error, 1)
 	go func() {
 		followDone <- c.follow(ctx, id, func(h HistoryEvent, _ uint64) bool {
-			if onEvent != nil {
-				onEvent(h)
-			}
-			if h.Type == schemas.EventJobCompleted || h.Type == schemas.EventJobFailed || h.Type == schemas.EventStepBlocked {
-				once.Do(func() { close(seen) })
-			}
+			emit(h)
 			return true
 		}, false)
 	}()
@@ -259,6 +285,9 @@ func (c *Client) Wait(ctx context.Context, id string, onEvent func(HistoryEvent)
 	err := c.store.Checkpoints.Watch(ctx, id, func(ent kv.Entry, err error) bool {
 		if err != nil {
 			return true
+		}
+		for _, h := range checkpointHistory(id, ent.Checkpoint.Events) {
+			emit(h)
 		}
 		if ent.Checkpoint.Status.Stopped() {
 			final = ent.Checkpoint
@@ -272,15 +301,14 @@ func (c *Client) Wait(ctx context.Context, id string, onEvent func(HistoryEvent)
 		}
 		return nil, fmt.Errorf("wait for job %s: %w", id, err)
 	}
-	// The checkpoint is authoritative; give the history a moment to catch
-	// up so the caller sees the last transitions too.
-	select {
-	case <-seen:
-	case <-time.After(2 * time.Second):
-	case <-ctx.Done():
-	}
+	// Read what the history stream holds by now, to the end: the ledger
+	// events of the last steps precede the final checkpoint.
 	cancel()
 	<-followDone
+	_ = c.follow(context.WithoutCancel(ctx), id, func(h HistoryEvent, pending uint64) bool {
+		emit(h)
+		return pending > 0
+	}, true)
 	def, _ := c.store.Definitions.Get(context.WithoutCancel(ctx), final.DefinitionHash)
 	return NewJobView(final, def), nil
 }

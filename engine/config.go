@@ -40,6 +40,13 @@ type Config struct {
 	// ReconcileInterval is how often the reconciler scans running jobs for
 	// dispatches whose result never came. Default 15s; negative disables.
 	ReconcileInterval time.Duration
+	// HistoryBatch is how many transitions' events a job's checkpoint
+	// carries before they are published to the history stream together;
+	// a job that stops (completes, fails, needs a person) publishes at
+	// once. Until then the events are durable in the checkpoint (its
+	// outbox), and Client.History and Client.Wait read them there. 1
+	// publishes after every transition. Default 8.
+	HistoryBatch int
 	// EffectSweepInterval is how often the effect ledger is swept of
 	// records past their retention (kv.Config.EffectRetention). Default 1h.
 	EffectSweepInterval time.Duration
@@ -84,6 +91,9 @@ func (c Config) WithDefaults() Config {
 	if c.ReconcileInterval == 0 {
 		c.ReconcileInterval = DefaultReconcileInterval
 	}
+	if c.HistoryBatch == 0 {
+		c.HistoryBatch = 8
+	}
 	if c.EffectSweepInterval == 0 {
 		c.EffectSweepInterval = time.Hour
 	}
@@ -107,6 +117,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("engine config: Lanes %d: want 1..4096", c.Lanes)
 	case c.BatchSize < 1 || c.BatchSize > 10000:
 		return fmt.Errorf("engine config: BatchSize %d: want 1..10000", c.BatchSize)
+	case c.HistoryBatch < 1 || c.HistoryBatch > 256:
+		return fmt.Errorf("engine config: HistoryBatch %d: want 1..256", c.HistoryBatch)
 	case c.CacheSize < 1:
 		return fmt.Errorf("engine config: CacheSize %d: want at least 1", c.CacheSize)
 	case c.PublishTimeout < 10*time.Millisecond:

@@ -47,9 +47,10 @@ type Engine struct {
 type cached struct {
 	cp  *schemas.Checkpoint
 	rev uint64
-	// published: this engine published cp's outbox and dispatch itself.
-	// Set by the lane's settler after the lane has moved on, hence atomic.
-	published atomic.Bool
+	// flushedSeq: this engine published cp's events up to this sequence to
+	// the history stream itself. Set by the lane's settler after the lane
+	// has moved on, hence atomic.
+	flushedSeq atomic.Uint64
 }
 
 // New returns an Engine. Errors name the bad Config field.
@@ -214,6 +215,8 @@ type plan struct {
 	dispatch bool
 	err      error
 	tally    tally // counted once the plan is settled
+	// flush: publish next's pending events to the history stream now.
+	flush bool
 	// conflicted: this plan lost a compare-and-swap in this batch, so
 	// another handler was alive and applying the same messages moments ago.
 	conflicted bool
@@ -265,14 +268,38 @@ func (e *Engine) tooLarge(p *plan, cause error) bool {
 	ev := failJob(cp, failed, now)
 	cp.Seq = p.base.cp.Seq + 1
 	cp.UpdatedAt, cp.Writer, cp.Cause = now, e.incarnation, p.next.Cause
-	if p.base.published.Load() {
-		cp.Events = nil
-	}
+	cp.Events = unflushed(cp.Events, p.base.flushedSeq.Load())
 	cp.Events = append(cp.Events, stamp([]event{ev}, cp.Seq, now)...)
-	p.next, p.dispatch = cp, false
+	p.next, p.dispatch, p.flush = cp, false, true
 	p.tally.completed, p.tally.failed = 0, 1
 	e.log.Warn("job failed: its state would exceed a size limit", "job", cp.JobID, "err", failed)
 	return true
+}
+
+// unflushed returns the events after sequence flushed. The result may
+// share evs's array: callers append to it only when it is a fresh copy.
+func unflushed(evs []schemas.Event, flushed uint64) []schemas.Event {
+	i := 0
+	for i < len(evs) && evs[i].Data.Seq <= flushed {
+		i++
+	}
+	if i == len(evs) {
+		return nil
+	}
+	return append([]schemas.Event(nil), evs[i:]...)
+}
+
+// transitions counts the checkpoint sequences events belong to.
+func transitions(evs []schemas.Event) int {
+	n := 0
+	var last uint64
+	for _, ev := range evs {
+		if ev.Data.Seq != last {
+			n++
+			last = ev.Data.Seq
+		}
+	}
+	return n
 }
 
 // dispatchedStep is the step the plan's transition dispatches, for
@@ -445,12 +472,9 @@ func (e *Engine) decide(ctx context.Context, p *plan) (redo bool) {
 	var carried []schemas.Event
 	if p.base != nil {
 		cp = cloneCheckpoint(p.base.cp)
-		if !p.base.published.Load() {
-			carried = cp.Events // their publication is unknown: publish them again
-			if len(carried) > 64 {
-				carried = carried[len(carried)-64:]
-			}
-		}
+		// Events not known to be in the history stream stay in the
+		// checkpoint (the outbox) until a flush publishes them.
+		carried = unflushed(cp.Events, p.base.flushedSeq.Load())
 		if err := e.definition(ctx, p, cp.DefinitionHash); err != nil {
 			return false
 		}
@@ -591,6 +615,7 @@ func (e *Engine) decide(ctx context.Context, p *plan) (redo bool) {
 	cp.Writer = e.incarnation
 	cp.Events = append(carried, stamp(evs, cp.Seq, now)...)
 	p.next = cp
+	p.flush = republish || cp.Status.Stopped() || transitions(cp.Events) >= e.cfg.HistoryBatch
 	p.dispatch = cp.Current != nil && (republish || p.base == nil || p.base.cp.Current == nil || p.base.cp.Current.MsgID != cp.Current.MsgID)
 	switch cp.Status {
 	case schemas.JobCompleted:
@@ -713,7 +738,11 @@ func (e *Engine) startPublish(ps []*plan) *settlement {
 			continue
 		}
 		cp := p.next
-		ids, bodies := historyBatches(cp.JobID, cp.Events)
+		var ids []string
+		var bodies [][]byte
+		if p.flush {
+			ids, bodies = historyBatches(cp.JobID, cp.Events)
+		}
 		for i := range ids {
 			m := nats.NewMsg(names.HistorySubject(cp.JobID))
 			m.Data = bodies[i]
@@ -767,8 +796,8 @@ func (e *Engine) finishPublish(ctx context.Context, st *settlement) {
 		if p.dispatch {
 			e.ctr.dispatched.Add(1)
 		}
-		if c, ok := e.cache.Peek(p.job); ok && c.cp == p.next {
-			c.published.Store(true)
+		if c, ok := e.cache.Peek(p.job); ok && c.cp == p.next && p.flush {
+			c.flushedSeq.Store(p.next.Seq)
 		}
 	}
 }

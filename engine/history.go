@@ -18,32 +18,79 @@ const HistoryContentType = "application/cloudevents-batch+json"
 // schemas.HistoryEvent.
 type HistoryEvent = schemas.HistoryEvent
 
-// historyBatches encodes events as history messages: one CloudEvents
-// batch per checkpoint sequence, with that sequence's dedup id, so a batch
-// published again after a crash is dropped by the stream.
+// historyBatches encodes a checkpoint's pending events as one history
+// message, a CloudEvents batch, with dedup id "<job>/<first seq>-<last seq>":
+// publishing the same events again after a crash is dropped by the
+// stream, and a batch that overlaps an earlier one is told apart by its
+// readers, which skip event ids they have seen.
 func historyBatches(job string, evs []schemas.Event) (ids []string, bodies [][]byte) {
-	for start := 0; start < len(evs); {
-		seq := evs[start].Data.Seq
-		end := start
-		for end < len(evs) && evs[end].Data.Seq == seq {
-			end++
-		}
-		ids = append(ids, job+"/"+strconv.FormatUint(seq, 10))
-		bodies = append(bodies, schemas.AppendHistoryBatch(make([]byte, 0, 256*(end-start)), HistorySource, job, seq, evs[start:end]))
-		start = end
+	if len(evs) == 0 {
+		return nil, nil
 	}
-	return ids, bodies
+	body := make([]byte, 0, 256*len(evs))
+	body = append(body, '[')
+	var seq uint64
+	start := 0
+	for i := 0; i <= len(evs); i++ {
+		if i < len(evs) && (i == start || evs[i].Data.Seq == seq) {
+			seq = evs[i].Data.Seq
+			continue
+		}
+		// evs[start:i] share one sequence: append them without the array's
+		// brackets.
+		part := schemas.AppendHistoryBatch(nil, HistorySource, job, seq, evs[start:i])
+		if len(body) > 1 {
+			body = append(body, ',')
+		}
+		body = append(body, part[1:len(part)-1]...)
+		if i < len(evs) {
+			start, seq = i, evs[i].Data.Seq
+		}
+	}
+	body = append(body, ']')
+	id := job + "/" + strconv.FormatUint(evs[0].Data.Seq, 10) + "-" + strconv.FormatUint(evs[len(evs)-1].Data.Seq, 10)
+	return []string{id}, [][]byte{body}
+}
+
+// checkpointHistory returns a checkpoint's pending events as history
+// events, with the ids they get when published.
+func checkpointHistory(job string, evs []schemas.Event) []HistoryEvent {
+	out := make([]HistoryEvent, 0, len(evs))
+	var seq uint64
+	n := 0
+	for _, ev := range evs {
+		if ev.Data.Seq != seq {
+			seq, n = ev.Data.Seq, 0
+		}
+		out = append(out, HistoryEvent{SpecVersion: "1.0", ID: job + "/" + strconv.FormatUint(seq, 10) + "/" + strconv.Itoa(n),
+			Source: HistorySource, Type: ev.Type, Subject: job, Time: ev.Time, DataContentType: "application/json", Data: ev.Data})
+		n++
+	}
+	return out
 }
 
 // DecodeHistory decodes one history message: a CloudEvents batch.
 func DecodeHistory(b []byte) ([]HistoryEvent, error) { return schemas.DecodeHistory(b) }
 
-// stamp turns the events of one transition into checkpoint events.
+// stamp turns the events of one transition into checkpoint events,
+// folding each dispatch into the event before it when that event caused it
+// (a completion, a failure to retry or to route to on_error, an unblock):
+// "a completed; next: b, attempt 1" is one event, not two.
 func stamp(evs []event, seq uint64, now time.Time) []schemas.Event {
-	out := make([]schemas.Event, len(evs))
-	for i, ev := range evs {
+	out := make([]schemas.Event, 0, len(evs))
+	for _, ev := range evs {
 		ev.data.Seq = seq
-		out[i] = schemas.Event{Type: ev.typ, Time: now, Data: ev.data}
+		if n := len(out); ev.typ == schemas.EventStepDispatched && n > 0 {
+			switch prev := &out[n-1]; prev.Type {
+			case schemas.EventStepCompleted, schemas.EventStepFailed, schemas.EventStepUnblocked:
+				prev.Data.Next, prev.Data.NextAttempt = ev.data.Step, ev.data.Attempt
+				if !ev.data.NotBefore.IsZero() {
+					prev.Data.NotBefore = ev.data.NotBefore
+				}
+				continue
+			}
+		}
+		out = append(out, schemas.Event{Type: ev.typ, Time: now, Data: ev.data})
 	}
 	return out
 }

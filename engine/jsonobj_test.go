@@ -5,6 +5,9 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/waymark-dev/waymark/schemas"
 )
 
 func TestSetMembers(t *testing.T) {
@@ -80,4 +83,31 @@ func FuzzSetMembers(f *testing.F) {
 			t.Fatalf("state %s set %s\ngot  %s", state, set, got)
 		}
 	})
+}
+
+func TestHistoryBatchesOneMessagePerFlush(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC()
+	evs := []schemas.Event{
+		{Type: schemas.EventStepCompleted, Time: now, Data: schemas.HistoryData{Job: "j", Seq: 3, Step: "a"}},
+		{Type: schemas.EventStepDispatched, Time: now, Data: schemas.HistoryData{Job: "j", Seq: 3, Step: "b"}},
+		{Type: schemas.EventStepCompleted, Time: now, Data: schemas.HistoryData{Job: "j", Seq: 4, Step: "b"}},
+	}
+	ids, bodies := historyBatches("j", evs)
+	if len(ids) != 1 || ids[0] != "j/3-4" {
+		t.Fatalf("ids = %v", ids)
+	}
+	got, err := DecodeHistory(bodies[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := checkpointHistory("j", evs)
+	if len(got) != 3 || got[0].ID != "j/3/0" || got[1].ID != "j/3/1" || got[2].ID != "j/4/0" {
+		t.Fatalf("events %+v", got)
+	}
+	for i := range got {
+		if got[i].ID != want[i].ID || got[i].Type != want[i].Type {
+			t.Errorf("event %d: published %s %s, checkpoint view %s %s", i, got[i].ID, got[i].Type, want[i].ID, want[i].Type)
+		}
+	}
 }

@@ -186,9 +186,10 @@ func (e *Engine) loseAttempt(ctx context.Context, ent kv.Entry, now time.Time) e
 		next.UpdatedAt = now
 		next.Cause = "reconcile/" + cur.MsgID
 		next.Writer = e.incarnation
-		next.Events = stamp(evs, next.Seq, now)
+		next.Events = append(append([]schemas.Event(nil), cp.Events...), stamp(evs, next.Seq, now)...)
 		p.next = next
 		p.dispatch = next.Current != nil
+		p.flush = true
 	}
 	if p.next == nil {
 		return nil

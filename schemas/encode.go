@@ -332,6 +332,9 @@ func (w *jsonw) historyData(d *HistoryData) {
 	if d.Next != "" {
 		w.strField("next", d.Next)
 	}
+	if d.NextAttempt != 0 {
+		w.intField("next_attempt", int64(d.NextAttempt))
+	}
 	if len(d.Input) > 0 {
 		w.rawField("input", d.Input)
 	}

@@ -27,7 +27,7 @@ func sampleCheckpoint() *Checkpoint {
 		Blocked: &Blocked{Step: "b", EffectKey: "job-1/b", Reason: "unknown"},
 		Events: []Event{
 			{Type: EventStepFailed, Time: t0, Data: HistoryData{Job: "job-1", Seq: 7, Step: "b", Attempt: 1, Error: &Error{Code: CodeTimeout, Message: "slow", Job: "job-1", Step: "b", Attempt: 1, Retryable: true}, Retrying: true, NotBefore: nb}},
-			{Type: EventJobStarted, Time: t0, Data: HistoryData{Job: "job-1", Seq: 1, Status: "running", Input: json.RawMessage(`{"x":1}`), Reason: "r", Next: "n", ResultDigest: "d", DurationMs: 5,
+			{Type: EventJobStarted, Time: t0, Data: HistoryData{Job: "job-1", Seq: 1, Status: "running", Input: json.RawMessage(`{"x":1}`), Reason: "r", Next: "n", NextAttempt: 2, ResultDigest: "d", DurationMs: 5,
 				EffectKey: "k", EffectState: "confirmed", ExternalID: "ch_1", By: "ops"}},
 		},
 		ResumeCount: 2, ResumedBy: "inc", Writer: "w1", Error: &Error{Code: CodeStepFailed, Message: "m"},

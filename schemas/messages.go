@@ -82,7 +82,8 @@ type HistoryData struct {
 	Retrying     bool      `json:"retrying,omitempty"`
 	NotBefore    time.Time `json:"not_before,omitzero"`
 	Reason       string    `json:"reason,omitempty"`
-	Next         string    `json:"next,omitempty"`
+	Next         string    `json:"next,omitempty"`         // the step dispatched by this transition
+	NextAttempt  int       `json:"next_attempt,omitempty"` // its attempt number
 	// Input is the job's input, on job.started only.
 	Input json.RawMessage `json:"input,omitempty"`
 	// EffectKey and EffectState describe effect events.

@@ -145,7 +145,7 @@ func (r *modelRunner) Run(ctx context.Context, c *Call) (any, error) {
 	if err != nil {
 		return nil, providerError(r.source, err)
 	}
-	c.logger().Debug("model reply", "job", c.Job, "step", c.Step.ID, "source", r.source,
+	c.Logger().Debug("model reply", "job", c.Job, "step", c.Step.ID, "source", r.source,
 		"input_tokens", reply.Usage.InputTokens, "output_tokens", reply.Usage.OutputTokens)
 	out, perr := ParseReplyJSON(reply.Text)
 	if perr != nil {

@@ -65,20 +65,25 @@ type Call struct {
 	// of this run of this step, different for anything else. Send it to
 	// providers that honour Idempotency-Key.
 	IdempotencyKey string
-	// Log receives the step's log; nil (a Call built outside a worker)
-	// means slog.Default() for the built-in kinds.
+	// Log, when set, receives the step's log; see Logger.
 	Log *slog.Logger
 	Env *Env
 
 	stateDoc map[string]any
+	lazy     *lazyLog // the worker's logger for this attempt, built on first use
 }
 
-// logger returns Log, or slog.Default() when it is nil.
-func (c *Call) logger() *slog.Logger {
-	if c.Log == nil {
-		return slog.Default()
+// Logger returns the logger for this attempt: Log when set, else the
+// worker's logger with the job, step and attempt attached, else
+// slog.Default().
+func (c *Call) Logger() *slog.Logger {
+	switch {
+	case c.Log != nil:
+		return c.Log
+	case c.lazy != nil:
+		return c.lazy.get()
 	}
-	return c.Log
+	return slog.Default()
 }
 
 // StateMap returns State decoded into plain JSON types (numbers as

@@ -219,7 +219,7 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 		_ = m.TermWithReason(err.Error())
 		return
 	}
-	log := w.log.With("job", sm.Job, "step", sm.Step, "attempt", sm.Attempt)
+	log := &lazyLog{base: w.log, sm: sm}
 	w.cfg.Failpoints.InjectStep(ctx, failpoint.WorkerAfterReceive, sm.Step)
 	if sm.NotBefore != nil {
 		if wait := time.Until(*sm.NotBefore); wait > 0 {
@@ -301,7 +301,7 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 
 // run performs the attempt and returns its result, with the lease
 // extended by heartbeats while the kind runs.
-func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm *schemas.StepMessage, delivered uint64, log *slog.Logger) (*schemas.StepResult, bool) {
+func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm *schemas.StepMessage, delivered uint64, log *lazyLog) (*schemas.StepResult, bool) {
 	res := &schemas.StepResult{Job: sm.Job, Step: sm.Step, Attempt: sm.Attempt}
 	fail := func(e *schemas.Error) (*schemas.StepResult, bool) {
 		w.ctr.failed.Add(1)
@@ -315,7 +315,7 @@ func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm 
 	}
 	call := &Call{
 		Job: sm.Job, Step: ps.step, Definition: ps.def, Attempt: sm.Attempt, RunAttempt: sm.RunAttempt,
-		State: sm.State, Vars: sm.Vars, IdempotencyKey: sm.IdempotencyKey, Log: log, Env: w.cfg.Env,
+		State: sm.State, Vars: sm.Vars, IdempotencyKey: sm.IdempotencyKey, Env: w.cfg.Env, lazy: log,
 	}
 	if ps.input != nil {
 		if err := ps.input.ValidateJSON(sm.State); err != nil {
@@ -410,34 +410,59 @@ func encodeOutput(out any) (json.RawMessage, error) {
 	return b, nil
 }
 
+// lazyLog is a logger with an attempt's job, step and attempt attached,
+// built on first use: most attempts log nothing. One goroutine uses it.
+type lazyLog struct {
+	base *slog.Logger
+	sm   *schemas.StepMessage
+	l    *slog.Logger
+}
+
+func (l *lazyLog) get() *slog.Logger {
+	if l.l == nil {
+		l.l = l.base.With("job", l.sm.Job, "step", l.sm.Step, "attempt", l.sm.Attempt)
+	}
+	return l.l
+}
+
+func (l *lazyLog) Info(msg string, args ...any)  { l.get().Info(msg, args...) }
+func (l *lazyLog) Warn(msg string, args ...any)  { l.get().Warn(msg, args...) }
+func (l *lazyLog) Error(msg string, args ...any) { l.get().Error(msg, args...) }
+
 // heartbeat extends m's lease every Heartbeat until the returned stop is
-// called.
+// called, or until the step runs past until. It costs a timer, not a
+// goroutine: most steps end before the first beat.
 func (w *Worker) heartbeat(m jetstream.Msg, until time.Time) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(w.cfg.Heartbeat)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case now := <-t.C:
-				if now.After(until) {
-					// The step ignores its deadline: stop extending the
-					// lease, so the message goes to another worker.
-					w.log.Warn("step ran past its timeout and ignores cancellation; letting its lease expire")
-					return
-				}
-				if err := m.InProgress(); err == nil {
-					w.ctr.heartbeats.Add(1)
-				}
-			}
+	var mu sync.Mutex
+	stopped := false
+	var t *time.Timer
+	var beat func()
+	beat = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
+			return
 		}
-	}()
-	return func() { close(done); wg.Wait() }
+		if time.Now().After(until) {
+			// The step ignores its deadline: stop extending the lease, so
+			// the message goes to another worker.
+			w.log.Warn("step ran past its timeout and ignores cancellation; letting its lease expire")
+			return
+		}
+		if err := m.InProgress(); err == nil {
+			w.ctr.heartbeats.Add(1)
+		}
+		t.Reset(w.cfg.Heartbeat)
+	}
+	mu.Lock()
+	t = time.AfterFunc(w.cfg.Heartbeat, beat)
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		stopped = true
+		t.Stop()
+		mu.Unlock()
+	}
 }
 
 // publishResult sends res to the engine's inbox, trying again on errors:

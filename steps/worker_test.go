@@ -461,7 +461,7 @@ func TestWorkerCustomKind(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	if got.Attempt != 4 || got.RunAttempt != 2 || got.IdempotencyKey != "idem-1" || string(got.State) != `{"k": 1}` ||
-		got.Step.ID != "echo" || got.Definition.Hash != b.def.Hash || got.Log == nil || got.Env != b.env {
+		got.Step.ID != "echo" || got.Definition.Hash != b.def.Hash || got.Logger() == nil || got.Env != b.env {
 		t.Errorf("the kind saw Call %+v", got)
 	}
 }

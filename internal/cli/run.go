@@ -391,17 +391,21 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 	return nil
 }
 
-// printEvent prints one history event as a transition line: step, attempt,
-// status, duration.
+// printEvent prints one history event as transition lines: step, attempt,
+// status, duration. A completion, failure or unblock that dispatched the
+// next attempt prints that dispatch on a line of its own.
 func printEvent(w io.Writer, h engine.HistoryEvent) {
 	d := h.Data
-	switch h.Type {
-	case schemas.EventStepDispatched:
+	dispatched := func(step string, attempt int) {
 		status := "dispatched"
 		if !d.NotBefore.IsZero() {
 			status = fmt.Sprintf("retrying at %s", d.NotBefore.Format("15:04:05.000"))
 		}
-		fmt.Fprintf(w, "  %-20s attempt %-3d %s\n", d.Step, d.Attempt, status)
+		fmt.Fprintf(w, "  %-20s attempt %-3d %s\n", step, attempt, status)
+	}
+	switch h.Type {
+	case schemas.EventStepDispatched:
+		dispatched(d.Step, d.Attempt)
 	case schemas.EventStepCompleted:
 		fmt.Fprintf(w, "  %-20s attempt %-3d completed  %dms\n", d.Step, d.Attempt, d.DurationMs)
 	case schemas.EventStepFailed:
@@ -432,6 +436,9 @@ func printEvent(w io.Writer, h engine.HistoryEvent) {
 			msg = ": " + oneLine(d.Error.Error(), 300)
 		}
 		fmt.Fprintf(w, "  job failed%s\n", msg)
+	}
+	if d.Next != "" && d.NextAttempt > 0 && h.Type != schemas.EventStepDispatched {
+		dispatched(d.Next, d.NextAttempt)
 	}
 }
 
