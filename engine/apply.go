@@ -63,29 +63,30 @@ func checkInput(c *compiled, input json.RawMessage) (json.RawMessage, error) {
 	return input, nil
 }
 
-// newJob builds the first checkpoint of a job from a start request. Input
-// and state are checked against the definition's schemas; a failure is
+// pendingJob builds the first checkpoint of a job from a start request:
+// status pending, the input as the state, nothing dispatched. Input and
+// state are checked against the definition's schemas; a failure is
 // schemas.ErrInputInvalid and nothing is stored.
-func newJob(c *compiled, req *schemas.StartRequest, msgID string, now time.Time) (*schemas.Checkpoint, []event, error) {
+func pendingJob(c *compiled, req *schemas.StartRequest, msgID string, now time.Time) (*schemas.Checkpoint, error) {
 	def := c.def
 	input, err := checkInput(c, req.Input)
 	if err != nil {
 		e := schemas.AsError(err)
-		return nil, nil, (&schemas.Error{Code: e.Code, Message: e.Message, Job: req.JobID}).WithCause(e.Unwrap())
+		return nil, (&schemas.Error{Code: e.Code, Message: e.Message, Job: req.JobID}).WithCause(e.Unwrap())
 	}
 	vars := maps.Clone(def.Vars)
 	if len(req.Vars) > 0 && vars == nil {
 		vars = map[string]string{}
 	}
 	maps.Copy(vars, req.Vars)
-	cp := &schemas.Checkpoint{
+	return &schemas.Checkpoint{
 		Schema:         schemas.CheckpointSchema,
 		JobID:          req.JobID,
 		Workflow:       def.Name,
 		Version:        def.Version,
 		DefinitionHash: def.Hash,
 		Seq:            1,
-		Status:         schemas.JobRunning,
+		Status:         schemas.JobPending,
 		InputDigest:    digest(input), // input is compact: see inputDigest
 		State:          input,
 		Vars:           vars,
@@ -94,10 +95,24 @@ func newJob(c *compiled, req *schemas.StartRequest, msgID string, now time.Time)
 		Parent:         req.Parent,
 		CreatedAt:      now,
 		UpdatedAt:      now,
+	}, nil
+}
+
+// startJob starts a pending job: it dispatches the first step.
+func startJob(c *compiled, cp *schemas.Checkpoint, now time.Time) []event {
+	cp.Status = schemas.JobRunning
+	evs := []event{{typ: schemas.EventJobStarted, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status), Input: cp.State}}}
+	return append(evs, dispatch(c, cp, c.def.StartStep(), true, time.Time{}, now))
+}
+
+// newJob builds a job's first checkpoint and starts it at once: for a start
+// request whose client did not create the job first.
+func newJob(c *compiled, req *schemas.StartRequest, msgID string, now time.Time) (*schemas.Checkpoint, []event, error) {
+	cp, err := pendingJob(c, req, msgID, now)
+	if err != nil {
+		return nil, nil, err
 	}
-	evs := []event{{typ: schemas.EventJobStarted, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status), Input: input}}}
-	evs = append(evs, dispatch(c, cp, def.StartStep(), true, time.Time{}, now))
-	return cp, evs, nil
+	return cp, startJob(c, cp, now), nil
 }
 
 // dispatch records the next attempt of step in cp.Current (intent before

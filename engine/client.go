@@ -89,23 +89,6 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 		return StartResult{}, err
 	}
 	res := StartResult{JobID: id, DefinitionHash: def.Hash}
-	if ent, err := c.store.Checkpoints.Get(ctx, id); err == nil {
-		res.Attached = true
-		res.DefinitionHash = ent.Checkpoint.DefinitionHash
-		switch {
-		case ent.Checkpoint.DefinitionHash != def.Hash:
-			res.Mismatch = fmt.Sprintf("job %s exists and runs definition %s (%s v%d), not %s: a job keeps the definition it started with; pick another job id to start anew",
-				id, short(ent.Checkpoint.DefinitionHash), ent.Checkpoint.Workflow, ent.Checkpoint.Version, short(def.Hash))
-		case len(input) > 0 && ent.Checkpoint.InputDigest != "" && !sameInput(ent.Checkpoint.InputDigest, input):
-			res.Mismatch = fmt.Sprintf("job %s exists and was started with other input: pick another job id to start anew", id)
-		}
-		if res.Mismatch != "" {
-			return res, schemas.Errorf(schemas.CodeConflict, "%s", res.Mismatch)
-		}
-		return res, nil
-	} else if !errors.Is(err, schemas.ErrNotFound) {
-		return StartResult{}, fmt.Errorf("start job %s: %w", id, err)
-	}
 	cd, err := c.compiled.get(def)
 	if err != nil {
 		return StartResult{}, err
@@ -124,7 +107,7 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 		input = json.RawMessage("{}")
 	}
 	req := &schemas.StartRequest{JobID: id, DefinitionHash: def.Hash, Input: input, Vars: opts.Vars, RequestedAt: c.now().UTC()}
-	cp, _, err := newJob(cd, req, "", c.now())
+	cp, err := pendingJob(cd, req, schemas.StartMsgID(id), c.now().UTC())
 	if err != nil {
 		return StartResult{}, err
 	}
@@ -143,6 +126,15 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 		}
 		c.stored.Store(def.Hash, true)
 	}
+	// The job exists once its pending checkpoint is stored (create-only:
+	// an id that exists is attached to). The start request that follows
+	// only wakes an engine; if it is lost, engines start pending jobs by
+	// themselves.
+	if _, err := c.store.Checkpoints.Create(ctx, cp); errors.Is(err, schemas.ErrConflict) {
+		return c.attach(ctx, id, def, input)
+	} else if err != nil {
+		return StartResult{}, fmt.Errorf("start job %s: %w", id, err)
+	}
 	data, err := json.Marshal(req)
 	if err != nil {
 		return StartResult{}, fmt.Errorf("start job %s: %w", id, err)
@@ -150,13 +142,32 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 	m := nats.NewMsg(c.store.Names.InboxSubject(kv.InboxStart, id))
 	m.Data = data
 	m.Header.Set(jetstream.MsgIDHeader, schemas.StartMsgID(id))
-	ack, err := c.store.JS.PublishMsg(ctx, m)
-	if err != nil {
-		return StartResult{}, fmt.Errorf("start job %s: publish start request: %w", id, err)
+	if _, err := c.store.JS.PublishMsg(ctx, m); err != nil {
+		// The job is stored and will be started by the reconciler.
+		return res, fmt.Errorf("start job %s: stored, but the start request was not published (an engine starts it within its reconcile interval): %w", id, err)
 	}
-	// A duplicate ack means a start for this id is already queued: this
-	// call attaches to it (the first request's input wins).
-	res.Attached = ack.Duplicate
+	return res, nil
+}
+
+// attach describes an existing job for Start: it matches what was asked,
+// or differs (another definition or input: schemas.ErrConflict).
+func (c *Client) attach(ctx context.Context, id string, def *schemas.Definition, input json.RawMessage) (StartResult, error) {
+	res := StartResult{JobID: id, DefinitionHash: def.Hash, Attached: true}
+	ent, err := c.store.Checkpoints.Get(ctx, id)
+	if err != nil {
+		return StartResult{}, fmt.Errorf("start job %s: it exists but cannot be read: %w", id, err)
+	}
+	res.DefinitionHash = ent.Checkpoint.DefinitionHash
+	switch {
+	case ent.Checkpoint.DefinitionHash != def.Hash:
+		res.Mismatch = fmt.Sprintf("job %s exists and runs definition %s (%s v%d), not %s: a job keeps the definition it started with; pick another job id to start anew",
+			id, short(ent.Checkpoint.DefinitionHash), ent.Checkpoint.Workflow, ent.Checkpoint.Version, short(def.Hash))
+	case len(input) > 0 && ent.Checkpoint.InputDigest != "" && !sameInput(ent.Checkpoint.InputDigest, input):
+		res.Mismatch = fmt.Sprintf("job %s exists and was started with other input: pick another job id to start anew", id)
+	}
+	if res.Mismatch != "" {
+		return res, schemas.Errorf(schemas.CodeConflict, "%s", res.Mismatch)
+	}
 	return res, nil
 }
 

@@ -520,6 +520,13 @@ func (e *Engine) decide(ctx context.Context, p *plan) (redo bool) {
 				p.tally.started++
 				continue
 			}
+			if cp.Status == schemas.JobPending {
+				// Created by its client: start it.
+				evs = append(evs, startJob(p.def, cp, now)...)
+				changed, cause = true, it.msgID
+				p.tally.started++
+				continue
+			}
 			if !p.fresh {
 				return true
 			}

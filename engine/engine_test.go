@@ -708,3 +708,43 @@ steps:
 		t.Errorf("steps run = %d, want 25", n)
 	}
 }
+
+func TestLostStartRequestIsStartedByTheReconciler(t *testing.T) {
+	t.Parallel()
+	var clock atomic.Int64
+	clock.Store(time.Now().UnixNano())
+	now := func() time.Time { return time.Unix(0, clock.Load()) }
+	b := setup(t, setupOptions{noEngine: true})
+	def := b.define(threeSteps)
+	id := b.start(def, `{"n": 1}`, "lost-start")
+	if v, err := b.client.Job(context.Background(), id); err != nil || v.Status != schemas.JobPending {
+		t.Fatalf("after Start: %+v %v, want a pending job", v, err)
+	}
+	// The start request is lost before any engine reads it.
+	s, _ := b.store.JS.Stream(context.Background(), b.store.Names.InboxStream)
+	if err := s.Purge(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(Config{Store: b.store, Now: now, ReconcileInterval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := b.client.Job(context.Background(), id); v.Status != schemas.JobPending {
+		t.Fatalf("started before the grace passed: %s", v.Status)
+	}
+	clock.Add(int64(5 * time.Second))
+	if err := e.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	b.worker(echo)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = e.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	if v := b.wait(id); v.Status != schemas.JobCompleted {
+		t.Fatalf("status %s: %v", v.Status, v.Error)
+	}
+}

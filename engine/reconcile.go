@@ -106,7 +106,7 @@ func (e *Engine) SweepEffects(ctx context.Context) error {
 func (e *Engine) Reconcile(ctx context.Context) error {
 	now := e.cfg.Now()
 	var firstErr error
-	var overdue []kv.Entry
+	var overdue, pending []kv.Entry
 	var oldest time.Duration
 	err := e.store.Checkpoints.List(ctx, func(job string, ent kv.Entry, err error) bool {
 		if err != nil {
@@ -118,6 +118,11 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 		cp := ent.Checkpoint
 		if cp.Status == schemas.JobRunning {
 			oldest = max(oldest, now.Sub(cp.UpdatedAt))
+		}
+		if cp.Status == schemas.JobPending && now.Sub(cp.UpdatedAt) > e.cfg.ReconcileInterval {
+			// Its client stored it and then its start request was lost.
+			pending = append(pending, ent)
+			return true
 		}
 		if cp.Status != schemas.JobRunning || cp.Current == nil {
 			return true
@@ -147,6 +152,11 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 		return err
 	}
 	e.ctr.oldestRunning.Store(oldest.Milliseconds())
+	for _, ent := range pending {
+		if err := e.startPending(ctx, ent, now); err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
 	waiting := map[string]bool{} // pool → its queue holds undelivered messages
 	for _, ent := range overdue {
 		pool := ent.Checkpoint.Current.Pool
@@ -223,4 +233,26 @@ func (e *Engine) poolBacklogged(ctx context.Context, pool string) bool {
 		return true
 	}
 	return info.NumPending > 0
+}
+
+// startPending starts a job its client created but no engine started (the
+// start request was lost), with a compare-and-swap on the revision read.
+func (e *Engine) startPending(ctx context.Context, ent kv.Entry, now time.Time) error {
+	cp := ent.Checkpoint
+	p := &plan{job: cp.JobID, base: &cached{cp: cp, rev: ent.Revision}, fresh: true}
+	if err := e.definition(ctx, p, cp.DefinitionHash); err != nil {
+		return err
+	}
+	next := cloneCheckpoint(cp)
+	evs := startJob(p.def, next, now)
+	next.Seq, next.UpdatedAt, next.Writer = cp.Seq+1, now, e.incarnation
+	next.Events = append(next.Events, stamp(evs, next.Seq, now)...)
+	p.next, p.dispatch, p.flush = next, true, false
+	if conflicts := e.write(ctx, []*plan{p}); len(conflicts) > 0 || p.err != nil {
+		return p.err // a conflict: someone started it meanwhile
+	}
+	e.ctr.jobsStarted.Add(1)
+	e.log.Info("started a pending job whose start request was lost", "job", cp.JobID)
+	e.finishPublish(ctx, e.startPublish([]*plan{p}))
+	return p.err
 }

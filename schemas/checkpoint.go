@@ -14,6 +14,7 @@ type JobStatus string
 
 // Job statuses. Completed and Failed are terminal.
 const (
+	JobPending     JobStatus = "pending"     // created by a client; no engine has started it yet
 	JobRunning     JobStatus = "running"     // a step is dispatched or waiting for its retry delay
 	JobCompleted   JobStatus = "completed"   // no transition remained; State is final
 	JobFailed      JobStatus = "failed"      // a step failed for good or a transition failed the job; see Error
