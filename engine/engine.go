@@ -88,6 +88,9 @@ func (e *Engine) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	// Queues that were lost (memory queues after a server restart, a purge)
+	// are rebuilt from the checkpoints before anything else.
+	e.recoverQueues(ctx)
 	lanes := make([]chan jetstream.Msg, e.cfg.Lanes)
 	var wg sync.WaitGroup
 	for i := range lanes {
@@ -99,18 +102,42 @@ func (e *Engine) Run(ctx context.Context) error {
 		}(lanes[i])
 	}
 	names := e.store.Names
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		_, job, _ := names.ParseInboxSubject(m.Subject())
-		h := fnv.New32a()
-		_, _ = h.Write([]byte(job))
-		lanes[h.Sum32()%uint32(len(lanes))] <- m
-	},
-		jetstream.PullMaxMessages(e.cfg.BatchSize*2),
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			if ctx.Err() == nil && !errors.Is(err, nats.ErrConnectionClosed) {
-				e.log.Warn("inbox consumer", "err", err)
+	lost := make(chan struct{}, 1) // the inbox consumer is gone (its stream was lost)
+	signalLost := func() {
+		select {
+		case lost <- struct{}{}:
+		default:
+		}
+	}
+	if nc := e.store.JS.Conn(); nc != nil {
+		prev := nc.Opts.ReconnectedCB
+		nc.SetReconnectHandler(func(c *nats.Conn) {
+			if prev != nil {
+				prev(c)
 			}
-		}))
+			signalLost() // check the queues: the server may have restarted
+		})
+	}
+	consume := func(cons jetstream.Consumer) (jetstream.ConsumeContext, error) {
+		return cons.Consume(func(m jetstream.Msg) {
+			_, job, _ := names.ParseInboxSubject(m.Subject())
+			h := fnv.New32a()
+			_, _ = h.Write([]byte(job))
+			lanes[h.Sum32()%uint32(len(lanes))] <- m
+		},
+			jetstream.PullMaxMessages(e.cfg.BatchSize*2),
+			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+				if ctx.Err() != nil || errors.Is(err, nats.ErrConnectionClosed) {
+					return
+				}
+				if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrNoHeartbeat) ||
+					errors.Is(err, nats.ErrNoResponders) {
+					signalLost()
+				}
+				e.log.Warn("inbox consumer", "err", err)
+			}))
+	}
+	cc, err := consume(cons)
 	if err != nil {
 		for _, ch := range lanes {
 			close(ch)
@@ -128,10 +155,28 @@ func (e *Engine) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			e.reconcileLoop(ctx)
+			e.reconcileLoop(ctx, signalLost)
 		}()
 	}
-	<-ctx.Done()
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			done = true
+		case <-lost:
+			// Make sure the layout exists, rebuild lost queues, and consume
+			// again from a consumer that exists.
+			if !e.recoverQueues(ctx) {
+				continue
+			}
+			if c, err := e.store.EngineConsumer(ctx); err == nil {
+				if next, err := consume(c); err == nil {
+					cc.Stop()
+					<-cc.Closed()
+					cc = next
+				}
+			}
+		}
+	}
 	cc.Stop()
 	<-cc.Closed()
 	for _, ch := range lanes {
@@ -139,6 +184,39 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	wg.Wait()
 	return nil
+}
+
+// recoverQueues checks the queue epoch and, when the queues were lost,
+// recreates the layout, dispatches every running job's current step
+// again, and marks the queues. It reports whether the queues were lost
+// (and rebuilt). Errors are logged and retried at the next check.
+func (e *Engine) recoverQueues(ctx context.Context) bool {
+	intact, err := e.store.QueuesIntact(ctx)
+	if err != nil {
+		e.log.Warn("cannot check the queues; will try again", "err", err)
+		return false
+	}
+	if intact {
+		return false
+	}
+	if err := e.store.Reopen(ctx); err != nil {
+		e.log.Warn("cannot recreate the layout; will try again", "err", err)
+		return false
+	}
+	n, err := e.Requeue(ctx)
+	if err != nil {
+		e.ctr.reconcileErrors.Add(1)
+		e.log.Warn("requeue incomplete; will try again", "err", err)
+		return false
+	}
+	if err := e.store.MarkQueues(ctx); err != nil {
+		e.log.Warn("cannot mark the queues; will requeue again", "err", err)
+		return false
+	}
+	if n > 0 {
+		e.log.Info("queues were lost; dispatched running jobs again from their checkpoints", "jobs", n)
+	}
+	return true
 }
 
 // lane handles the messages of its share of jobs: it blocks for one, takes

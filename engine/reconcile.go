@@ -16,7 +16,7 @@ import (
 // Recovery is periodic, not a one-shot pass at start-up (DESIGN.md,
 // recovery rules); errors are counted and logged, and the next pass tries
 // again.
-func (e *Engine) reconcileLoop(ctx context.Context) {
+func (e *Engine) reconcileLoop(ctx context.Context, checkQueues func()) {
 	t := time.NewTicker(e.cfg.ReconcileInterval)
 	defer t.Stop()
 	var lastSweep time.Time
@@ -25,6 +25,7 @@ func (e *Engine) reconcileLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			checkQueues()
 			if err := e.Reconcile(ctx); err != nil && ctx.Err() == nil {
 				e.ctr.reconcileErrors.Add(1)
 				e.log.Warn("reconcile pass failed; retrying next interval", "err", err)
@@ -246,6 +247,9 @@ func (e *Engine) startPending(ctx context.Context, ent kv.Entry, now time.Time) 
 	next := cloneCheckpoint(cp)
 	evs := startJob(p.def, next, now)
 	next.Seq, next.UpdatedAt, next.Writer = cp.Seq+1, now, e.incarnation
+	// Not the start request's id: that request, if it arrives after all,
+	// must read as a late duplicate, not as a redelivery to act on again.
+	next.Cause = "reconcile/start"
 	next.Events = append(next.Events, stamp(evs, next.Seq, now)...)
 	p.next, p.dispatch, p.flush = next, true, false
 	if conflicts := e.write(ctx, []*plan{p}); len(conflicts) > 0 || p.err != nil {
@@ -253,6 +257,77 @@ func (e *Engine) startPending(ctx context.Context, ent kv.Entry, now time.Time) 
 	}
 	e.ctr.jobsStarted.Add(1)
 	e.log.Info("started a pending job whose start request was lost", "job", cp.JobID)
+	e.finishPublish(ctx, e.startPublish([]*plan{p}))
+	return p.err
+}
+
+// Requeue dispatches again, from the checkpoints, what lost queues held:
+// the current step of every running job (same message id; a dispatch
+// still queued is dropped as a duplicate) and the resumption of every job
+// blocked on an effect that was resolved meanwhile. Pending jobs whose
+// start request was lost are left to the reconciler, which starts them
+// once they are older than a reconcile interval. It returns how many jobs
+// it touched and the first error.
+func (e *Engine) Requeue(ctx context.Context) (int, error) {
+	now := e.cfg.Now()
+	var running []*plan
+	var blocked []kv.Entry
+	var firstErr error
+	err := e.store.Checkpoints.List(ctx, func(job string, ent kv.Entry, err error) bool {
+		if err != nil {
+			return true
+		}
+		cp := ent.Checkpoint
+		switch {
+		case cp.Status == schemas.JobRunning && cp.Current != nil:
+			running = append(running, &plan{job: job, next: cp, rev: ent.Revision, dispatch: true})
+		case cp.Status == schemas.JobNeedsReconciliation && cp.Blocked != nil:
+			blocked = append(blocked, ent)
+		}
+		return true
+	})
+	if err != nil {
+		return 0, err
+	}
+	for start := 0; start < len(running); start += 512 {
+		batch := running[start:min(start+512, len(running))]
+		e.finishPublish(ctx, e.startPublish(batch))
+		for _, p := range batch {
+			if p.err != nil && firstErr == nil {
+				firstErr = p.err
+			}
+		}
+	}
+	for _, ent := range blocked {
+		if err := e.resumeResolved(ctx, ent, now); err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	e.ctr.requeued.Add(uint64(len(running)))
+	return len(running) + len(blocked), firstErr
+}
+
+// resumeResolved unblocks a job whose effect was resolved while the signal
+// that says so was lost.
+func (e *Engine) resumeResolved(ctx context.Context, ent kv.Entry, now time.Time) error {
+	cp := ent.Checkpoint
+	eff, err := e.store.Effects.Get(ctx, cp.Blocked.EffectKey)
+	if err != nil || eff.Record.State != schemas.EffectReconciled {
+		return nil // still waiting for a person
+	}
+	p := &plan{job: cp.JobID, base: &cached{cp: cp, rev: ent.Revision}, fresh: true}
+	if err := e.definition(ctx, p, cp.DefinitionHash); err != nil {
+		return err
+	}
+	next := cloneCheckpoint(cp)
+	_, evs := applySignal(p.def, next, &schemas.Signal{Job: cp.JobID, Type: schemas.SignalEffectResolved, Key: cp.Blocked.EffectKey, By: eff.Record.ReconciledBy}, now)
+	next.Seq, next.UpdatedAt, next.Writer = cp.Seq+1, now, e.incarnation
+	next.Cause = "reconcile/resolved/" + cp.Blocked.EffectKey
+	next.Events = append(next.Events, stamp(evs, next.Seq, now)...)
+	p.next, p.dispatch = next, next.Current != nil
+	if conflicts := e.write(ctx, []*plan{p}); len(conflicts) > 0 || p.err != nil {
+		return p.err
+	}
 	e.finishPublish(ctx, e.startPublish([]*plan{p}))
 	return p.err
 }

@@ -26,6 +26,7 @@ type Stats struct {
 	JobsBlocked      uint64 `json:"jobs_blocked"`     // jobs that stopped on an ambiguous effect
 	EffectsResolved  uint64 `json:"effects_resolved"` // blocked jobs a resolution set going again
 	DeadLetters      uint64 `json:"dead_letters"`     // step messages that reached the work consumer's max deliveries
+	Requeued         uint64 `json:"requeued"`         // jobs dispatched again because the queues were lost
 	EffectsSwept     uint64 `json:"effects_swept"`    // effect records removed after their retention
 	// OldestRunningAgeMs is the age of the oldest running job's checkpoint
 	// (time since its last write) at the last reconcile pass, in ms.
@@ -40,7 +41,7 @@ type counters struct {
 	transitions, dispatched, applied, stale, conflicts   atomic.Uint64
 	resumes, inboxRedelivered, republished, lost         atomic.Uint64
 	reconcileErrors, handleErrors, blocked, unblocked    atomic.Uint64
-	deadLetters, swept                                   atomic.Uint64
+	deadLetters, swept, requeued                         atomic.Uint64
 	oldestRunning                                        atomic.Int64 // ms
 	started                                              atomic.Int64 // unix ns
 	firstProgress                                        atomic.Int64 // ns after started
@@ -78,6 +79,7 @@ func (e *Engine) Stats() Stats {
 		EffectsResolved:    c.unblocked.Load(),
 		DeadLetters:        c.deadLetters.Load(),
 		EffectsSwept:       c.swept.Load(),
+		Requeued:           c.requeued.Load(),
 		OldestRunningAgeMs: c.oldestRunning.Load(),
 		FirstProgressMs:    c.firstProgress.Load() / int64(time.Millisecond),
 	}

@@ -12,6 +12,7 @@
 //	stream   WAYMARK_WORK          waymark.work.<pool>  step messages (work queue)
 //	stream   WAYMARK_INBOX         waymark.inbox.<kind>.<job>  starts and results (work queue)
 //	stream   WAYMARK_HISTORY       waymark.history.<job>       CloudEvents, one per transition
+//	stream   WAYMARK_QUEUE_EPOCH   waymark.queue_epoch         marker: were the queues lost?
 //	consumer waymark-engine        on WAYMARK_INBOX, shared by every engine
 //	consumer waymark-work-<pool>   on WAYMARK_WORK, shared by a pool's workers
 package kv

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 )
 
 // Defaults for Config. Each is the value a zero field takes.
@@ -25,6 +26,12 @@ const (
 	DefaultHistoryMaxAge   = 30 * 24 * time.Hour
 	DefaultReplicas        = 1
 	DefaultMaxMessageBytes = 1 << 20
+)
+
+// Queue storages.
+const (
+	QueueFile   = "file"
+	QueueMemory = "memory"
 )
 
 // Inbox subject kinds: the third token of an inbox subject.
@@ -46,6 +53,13 @@ type Config struct {
 	// Memory stores everything in memory instead of files. For tests only:
 	// nothing survives a server restart.
 	Memory bool `json:"memory,omitempty"`
+	// QueueStorage is where the work and inbox streams keep their messages:
+	// QueueFile (default) or QueueMemory. Checkpoints, the effect ledger,
+	// definitions and history are always files. Memory queues spare two
+	// synced writes per step; a server restart loses what they held, and
+	// engines then rebuild it from the checkpoints (see Store.QueuesIntact):
+	// every running job's current step is dispatched again.
+	QueueStorage string `json:"queue_storage,omitempty"`
 	// Duplicates is the dedup window of the work, inbox and history
 	// streams. Default 2m. Dedup beyond it rests on checkpoints and the
 	// effect ledger (DESIGN.md invariant 5).
@@ -111,6 +125,9 @@ func (c Config) WithDefaults() Config {
 	if c.EffectRetention == 0 {
 		c.EffectRetention = DefaultHistoryMaxAge
 	}
+	if c.QueueStorage == "" {
+		c.QueueStorage = QueueFile
+	}
 	return c
 }
 
@@ -119,6 +136,8 @@ func (c Config) Validate() error {
 	switch {
 	case !prefixRE.MatchString(c.Prefix):
 		return fmt.Errorf("kv config: prefix %q: want lower-case letters, digits and '_', starting with a letter, at most 32", c.Prefix)
+	case c.QueueStorage != QueueFile && c.QueueStorage != QueueMemory:
+		return fmt.Errorf("kv config: queue storage %q: want %q or %q", c.QueueStorage, QueueFile, QueueMemory)
 	case c.Replicas != 1 && c.Replicas != 3 && c.Replicas != 5:
 		return fmt.Errorf("kv config: replicas %d: want 1, 3 or 5", c.Replicas)
 	case c.Duplicates < time.Second:
@@ -149,6 +168,7 @@ type Names struct {
 	WorkStream        string // WAYMARK_WORK
 	InboxStream       string // WAYMARK_INBOX
 	HistoryStream     string // WAYMARK_HISTORY
+	EpochStream       string // WAYMARK_QUEUE_EPOCH
 	EngineConsumer    string // waymark-engine
 	WorkSubjectPrefix string // waymark.work.
 	InboxPrefix       string // waymark.inbox.
@@ -166,6 +186,7 @@ func NamesFor(prefix string) Names {
 		WorkStream:        up + "_WORK",
 		InboxStream:       up + "_INBOX",
 		HistoryStream:     up + "_HISTORY",
+		EpochStream:       up + "_QUEUE_EPOCH",
 		EngineConsumer:    prefix + "-engine",
 		WorkSubjectPrefix: prefix + ".work.",
 		InboxPrefix:       prefix + ".inbox.",
@@ -317,9 +338,21 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 			MaxAge:      c.HistoryMaxAge,
 			MaxMsgSize:  c.MaxMessageBytes,
 		},
+		{
+			Name:              n.EpochStream,
+			Description:       "Waymark queue epoch: one marker, kept with the same storage as the queues so that losing them loses it too",
+			Subjects:          []string{n.prefix + ".queue_epoch"},
+			Retention:         jetstream.LimitsPolicy,
+			MaxMsgsPerSubject: 1,
+			Duplicates:        c.Duplicates,
+			MaxMsgSize:        c.MaxMessageBytes,
+		},
 	}
 	for _, sc := range streams {
 		sc.Storage = s.storage()
+		if c.QueueStorage == QueueMemory && sc.Name != n.HistoryStream {
+			sc.Storage = jetstream.MemoryStorage
+		}
 		sc.Replicas = c.Replicas
 		sc.Metadata = meta
 		if err := s.ensureStream(ctx, sc); err != nil {
@@ -399,6 +432,8 @@ func (s *Store) ensureStream(ctx context.Context, cfg jetstream.StreamConfig) er
 			return fmt.Errorf("stream %s has retention %v, Waymark needs %v (delete it or choose another prefix): %w", cfg.Name, have.Retention, cfg.Retention, ErrIncompatible)
 		case len(have.Subjects) != 1 || have.Subjects[0] != cfg.Subjects[0]:
 			return fmt.Errorf("stream %s has subjects %v, Waymark needs %v: %w", cfg.Name, have.Subjects, cfg.Subjects, ErrIncompatible)
+		case have.Storage != cfg.Storage:
+			return fmt.Errorf("stream %s keeps its messages in %v storage, the config asks for %v (WAYMARK_QUEUE_STORAGE): delete the stream or keep its storage: %w", cfg.Name, have.Storage, cfg.Storage, ErrIncompatible)
 		case have.Duplicates != cfg.Duplicates:
 			s.log.Warn("stream duplicate window differs from config; keeping the stream's", "stream", cfg.Name, "have", have.Duplicates, "want", cfg.Duplicates)
 		}
@@ -439,4 +474,60 @@ func (s *Store) ensureConsumer(ctx context.Context, stream string, cfg jetstream
 		return nil, fmt.Errorf("create consumer %s on %s: %w", cfg.Durable, stream, err)
 	}
 	return c, nil
+}
+
+// Reopen creates again whatever streams, buckets and consumers are
+// missing, as Open does: after a server restart, memory queues are gone.
+func (s *Store) Reopen(ctx context.Context) error {
+	_, _, err := s.ensure(ctx)
+	return err
+}
+
+// The queue epoch tells whether the work and inbox queues still hold what
+// they held: a marker message in a stream stored like the queues, and the
+// same id stored durably in the definitions bucket. A server restart that
+// lost memory queues loses the marker too.
+const queueEpochKey = "meta.queue_epoch"
+
+func (s *Store) epochSubject() string { return s.Names.prefix + ".queue_epoch" }
+
+// QueuesIntact reports whether the queues still hold the epoch marker
+// written by the last MarkQueues. False when they were lost (or never
+// marked): engines must then dispatch every running job's current step
+// again from its checkpoint.
+func (s *Store) QueuesIntact(ctx context.Context) (bool, error) {
+	want, err := s.Definitions.kv.Get(ctx, queueEpochKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read queue epoch: %w", err)
+	}
+	st, err := s.JS.Stream(ctx, s.Names.EpochStream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read queue epoch: %w", err)
+	}
+	m, err := st.GetLastMsgForSubject(ctx, s.epochSubject())
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read queue epoch: %w", err)
+	}
+	return string(m.Data) == string(want.Value()), nil
+}
+
+// MarkQueues writes a new epoch marker into the queues and records it.
+func (s *Store) MarkQueues(ctx context.Context) error {
+	id := nuid.Next()
+	if _, err := s.JS.Publish(ctx, s.epochSubject(), []byte(id)); err != nil {
+		return fmt.Errorf("mark queues: %w", err)
+	}
+	if _, err := s.Definitions.kv.Put(ctx, queueEpochKey, []byte(id)); err != nil {
+		return fmt.Errorf("mark queues: %w", err)
+	}
+	return nil
 }

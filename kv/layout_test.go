@@ -112,7 +112,7 @@ func TestConfigValidate(t *testing.T) {
 		want := kv.Config{
 			Prefix: "waymark", Replicas: 1, Duplicates: 2 * time.Minute, InboxAckWait: 30 * time.Second,
 			WorkAckWait: 30 * time.Second, WorkMaxDeliver: 20, MaxAckPending: 20000, MaxValueBytes: 1 << 20,
-			MaxMessageBytes: 1 << 20, HistoryMaxAge: 30 * 24 * time.Hour, EffectRetention: 30 * 24 * time.Hour,
+			MaxMessageBytes: 1 << 20, HistoryMaxAge: 30 * 24 * time.Hour, EffectRetention: 30 * 24 * time.Hour, QueueStorage: kv.QueueFile,
 		}
 		if got != want {
 			t.Errorf("WithDefaults = %+v, want %+v", got, want)
@@ -215,6 +215,7 @@ func TestOpenCreatesLayout(t *testing.T) {
 		{n.WorkStream, "wmtest.work.*", jetstream.WorkQueuePolicy, 0},
 		{n.InboxStream, "wmtest.inbox.*.*", jetstream.WorkQueuePolicy, 0},
 		{n.HistoryStream, "wmtest.history.*", jetstream.LimitsPolicy, 48 * time.Hour},
+		{n.EpochStream, "wmtest.queue_epoch", jetstream.LimitsPolicy, 0},
 	}
 	for _, s := range streams {
 		c := streamConfig(t, b.js, s.name)
@@ -232,8 +233,8 @@ func TestOpenCreatesLayout(t *testing.T) {
 			t.Errorf("bucket %s: history %d, max value %d, storage %v", bucket, c.MaxMsgsPerSubject, c.MaxMsgSize, c.Storage)
 		}
 	}
-	if got := streamNames(t, b.js); len(got) != 6 {
-		t.Errorf("streams = %v, want 3 streams and 3 buckets", got)
+	if got := streamNames(t, b.js); len(got) != 7 {
+		t.Errorf("streams = %v, want 4 streams and 3 buckets", got)
 	}
 
 	eng := consumerInfo(t, b.js, n.InboxStream, n.EngineConsumer).Config
@@ -438,5 +439,39 @@ func TestOpenContextDeadline(t *testing.T) {
 	_, err := kv.Open(expired(t), newJS(t, srv), kv.Config{}, nil)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Open = %v, want context.DeadlineExceeded", err)
+	}
+}
+
+func TestQueueEpochTellsWhetherQueuesWereLost(t *testing.T) {
+	t.Parallel()
+	for _, storage := range []string{kv.QueueFile, kv.QueueMemory} {
+		t.Run(storage, func(t *testing.T) {
+			t.Parallel()
+			srv := testsupport.StartServer(t, testsupport.ServerOptions{TCP: true})
+			st := srv.Store(t, kv.Config{QueueStorage: storage})
+			c := ctx(t)
+			if ok, err := st.QueuesIntact(c); err != nil || ok {
+				t.Fatalf("fresh layout: intact=%v %v, want not yet marked", ok, err)
+			}
+			if err := st.MarkQueues(c); err != nil {
+				t.Fatal(err)
+			}
+			if ok, err := st.QueuesIntact(c); err != nil || !ok {
+				t.Fatalf("after MarkQueues: intact=%v %v", ok, err)
+			}
+			srv.Restart(t)
+			testsupport.Eventually(t, 10*time.Second, func() bool {
+				ok, err := st.QueuesIntact(c)
+				return err == nil && ok == (storage == kv.QueueFile)
+			}, "after a restart, %s queues should read intact=%v", storage, storage == kv.QueueFile)
+			if storage == kv.QueueMemory {
+				if err := st.Reopen(c); err != nil {
+					t.Fatalf("reopen after the memory queues were lost: %v", err)
+				}
+				if _, err := st.JS.Stream(c, st.Names.WorkStream); err != nil {
+					t.Fatalf("work stream after Reopen: %v", err)
+				}
+			}
+		})
 	}
 }

@@ -195,6 +195,17 @@ func (w *Worker) Run(ctx context.Context) error {
 		for i := got; i < n; i++ {
 			<-slots
 		}
+		if err != nil && ctx.Err() == nil && (errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
+			errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrNoHeartbeat) || errors.Is(err, nats.ErrNoResponders)) {
+			// The pool's consumer is gone (memory queues lost in a server
+			// restart, say): recreate the layout and the consumer.
+			if rerr := w.store.Reopen(ctx); rerr == nil {
+				if c, cerr := w.store.EnsureWorkConsumer(ctx, w.cfg.Pool); cerr == nil {
+					cons = c
+					continue
+				}
+			}
+		}
 		if err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, nats.ErrTimeout) {
 			w.log.Warn("fetch step messages", "err", err)
 			select {

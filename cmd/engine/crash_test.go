@@ -229,6 +229,10 @@ func TestCrashedWorkerResumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	if v.Status != schemas.JobCompleted || v.ResumeCount != 1 {
+		evs, _ := client.History(ctx, res.JobID)
+		for _, e := range evs {
+			t.Logf("%s %s %s %d %s", e.ID, e.Type, e.Data.Step, e.Data.Attempt, e.Data.Reason)
+		}
 		t.Fatalf("status %s resume_count %d, want completed after 1 resume", v.Status, v.ResumeCount)
 	}
 	for _, p := range []string{"/a", "/b", "/c"} {

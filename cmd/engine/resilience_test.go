@@ -1066,3 +1066,65 @@ func resilSoakUnfinished(ids []string, final map[string]engine.JobSummary) strin
 	}
 	return strings.Join(out, ", ")
 }
+
+// TestMemoryQueuesLostInARestart runs with WAYMARK_QUEUE_STORAGE=memory
+// and restarts the nats-server while a step is running: the work and
+// inbox queues are gone, checkpoints and the effect ledger are not. The
+// engine sees the queue epoch missing, dispatches the running step again
+// from the checkpoint, and the job completes; the ledger keeps every HTTP
+// call to one per idempotency key although the step may run twice.
+func TestMemoryQueuesLostInARestart(t *testing.T) {
+	t.Parallel()
+	log := resilLogger(t)
+	srv := testsupport.StartServer(t, testsupport.ServerOptions{TCP: true})
+	cfg := kv.Config{InboxAckWait: 2 * time.Second, WorkAckWait: 3 * time.Second, QueueStorage: kv.QueueMemory}
+	store := srv.Store(t, cfg)
+	client := engine.NewClient(store)
+	svc := newResilKeyCounter(t)
+	eng := resilEngine(t, srv.Store(t, cfg), log)
+	workStore := srv.Store(t, cfg)
+	w := resilWorker(t, workStore, &steps.Env{Services: map[string]string{"svc": svc.srv.URL}}, nil, "worker", 0, log)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const job = "memq-1"
+	if _, err := client.Start(ctx, resilDef(t, resilRestartWorkflow), nil, engine.StartOptions{JobID: job}); err != nil {
+		t.Fatal(err)
+	}
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		return svc.snapshot()["/slow "+job+"/slow"] == 1
+	}, "the slow step never reached the provider")
+	if st := streamStorage(t, store, store.Names.WorkStream); st != jetstream.MemoryStorage {
+		t.Fatalf("work stream storage %v, want memory", st)
+	}
+
+	srv.Restart(t)
+	testsupport.Eventually(t, 20*time.Second, func() bool { return eng.Stats().Requeued >= 1 },
+		"the engine did not dispatch the running step again after the queues were lost")
+	svc.releaseAll()
+
+	v := resilWaitStopped(t, client, job, 30*time.Second)
+	if v.Status != schemas.JobCompleted {
+		t.Fatalf("job %s: %v", v.Status, v.Error)
+	}
+	t.Logf("job completed after losing the queues: engine %+v; worker %+v", eng.Stats(), w.Stats())
+	want := map[string]int{"/slow " + job + "/slow": 1, "/after " + job + "/after": 1}
+	if got := svc.snapshot(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("calls per path and Idempotency-Key: %v; want %v", got, want)
+	}
+	h := resilHistory(t, client, job)
+	if h[schemas.EventJobCompleted] != 1 {
+		t.Errorf("job completed %d times in the history; want once", h[schemas.EventJobCompleted])
+	}
+}
+
+func streamStorage(t *testing.T, store *kv.Store, name string) jetstream.StorageType {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := store.JS.Stream(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.CachedInfo().Config.Storage
+}

@@ -110,6 +110,7 @@ var kvEnv = []struct {
 	{"WAYMARK_WORK_MAX_DELIVER", func(c *kv.Config, v string) (err error) { c.WorkMaxDeliver, err = strconv.Atoi(v); return }},
 	{"WAYMARK_REPLICAS", func(c *kv.Config, v string) (err error) { c.Replicas, err = strconv.Atoi(v); return }},
 	{"WAYMARK_HISTORY_MAX_AGE", func(c *kv.Config, v string) (err error) { c.HistoryMaxAge, err = time.ParseDuration(v); return }},
+	{"WAYMARK_QUEUE_STORAGE", func(c *kv.Config, v string) error { c.QueueStorage = v; return nil }},
 	{"WAYMARK_EFFECT_RETENTION", func(c *kv.Config, v string) (err error) { c.EffectRetention, err = time.ParseDuration(v); return }},
 }
 
