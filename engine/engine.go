@@ -859,7 +859,10 @@ func (e *Engine) startPublish(ps []*plan) *settlement {
 // finishPublish waits for a settlement's acknowledgements and marks what
 // was published.
 func (e *Engine) finishPublish(ctx context.Context, st *settlement) {
-	wctx, cancel := context.WithTimeout(ctx, e.cfg.PublishTimeout)
+	// Publications already sent are waited for even when the engine is
+	// stopping: their acknowledgements are on the way, and a clean stop
+	// should not leave its last batch for redelivery.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.PublishTimeout)
 	defer cancel()
 	for _, f := range st.inflight {
 		select {

@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/waymark-dev/waymark/internal/natsserver"
+	"github.com/waymark-dev/waymark/kv"
 )
 
 // Config says what to measure. Zero fields take the defaults stated.
@@ -33,11 +34,12 @@ type Config struct {
 	Payload     int          `json:"payload_bytes"` // state size in bytes; default 1024
 	Kind        string       `json:"kind"`          // noop (default), http (a local server) or model (replay)
 	Workers     int          `json:"worker_concurrency"`
-	Sync        string       `json:"sync"`   // always or interval (default)
-	Rounds      int          `json:"rounds"` // rounds of each; medians are reported; default 1
-	Floor       bool         `json:"floor"`  // also measure the floor
-	Engine      bool         `json:"engine"` // measure Waymark (default true via WithDefaults)
-	Dir         string       `json:"-"`      // where servers keep files; default a temporary directory
+	Sync        string       `json:"sync"`          // always or interval (default)
+	Queues      string       `json:"queue_storage"` // Waymark's work and inbox queues: file (default) or memory; the floor's stay on file
+	Rounds      int          `json:"rounds"`        // rounds of each; medians are reported; default 1
+	Floor       bool         `json:"floor"`         // also measure the floor
+	Engine      bool         `json:"engine"`        // measure Waymark (default true via WithDefaults)
+	Dir         string       `json:"-"`             // where servers keep files; default a temporary directory
 	Logger      *slog.Logger `json:"-"`
 }
 
@@ -67,6 +69,9 @@ func (c Config) WithDefaults() Config {
 	if c.Rounds == 0 {
 		c.Rounds = 1
 	}
+	if c.Queues == "" {
+		c.Queues = kv.QueueFile
+	}
 	return c
 }
 
@@ -82,6 +87,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("bench: kind %q: want noop, http or model", c.Kind)
 	case c.Sync != natsserver.SyncAlways && c.Sync != natsserver.SyncInterval:
 		return fmt.Errorf("bench: sync %q: want always or interval", c.Sync)
+	case c.Queues != kv.QueueFile && c.Queues != kv.QueueMemory:
+		return fmt.Errorf("bench: queue storage %q: want file or memory", c.Queues)
 	}
 	return nil
 }

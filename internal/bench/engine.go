@@ -8,7 +8,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -33,7 +32,7 @@ func runEngine(ctx context.Context, cfg Config, srv *natsserver.Server, rec *rec
 	if err != nil {
 		return err
 	}
-	store, err := kv.Open(ctx, js, kv.Config{}, cfg.Logger)
+	store, err := kv.Open(ctx, js, kv.Config{QueueStorage: cfg.Queues}, cfg.Logger)
 	if err != nil {
 		return err
 	}
@@ -82,22 +81,18 @@ func runEngine(ctx context.Context, cfg Config, srv *natsserver.Server, rec *rec
 	client := engine.NewClient(store)
 	input, _ := json.Marshal(map[string]string{"payload": strings.Repeat("x", cfg.Payload)})
 	errs := make(chan error, 1)
-	go func() {
-		for i := 0; i < cfg.Jobs; i++ {
+	go feed(rctx, cfg, slots, func(job string) error {
+		rec.began(job)
+		if _, err := client.Start(rctx, def, input, engine.StartOptions{JobID: job}); err != nil {
 			select {
-			case slots <- struct{}{}:
-			case <-rctx.Done():
-				return
+			case errs <- err:
+			default:
 			}
-			job := "job" + strconv.Itoa(i)
-			rec.began(job)
-			if _, err := client.Start(rctx, def, input, engine.StartOptions{JobID: job}); err != nil {
-				errs <- err
-				cancel()
-				return
-			}
+			cancel()
+			return err
 		}
-	}()
+		return nil
+	})
 	if err := rec.wait(rctx); err != nil {
 		select {
 		case e := <-errs:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -129,27 +130,22 @@ func runFloor(ctx context.Context, cfg Config, srv *natsserver.Server, rec *reco
 	}
 	defer icc.Stop()
 
-	go func() {
-		for i := 0; i < cfg.Jobs; i++ {
-			select {
-			case slots <- struct{}{}:
-			case <-ctx.Done():
-				return
-			}
-			job := "job" + strconv.Itoa(i)
-			rec.began(job)
-			rev, err := cps.Create(ctx, job, payload)
-			if err != nil {
-				fail(err)
-				return
-			}
-			revs.Store(job, rev)
-			if err := dispatch(job, 1); err != nil {
-				fail(err)
-				return
-			}
+	fctx, stopFeed := context.WithCancel(ctx)
+	defer stopFeed()
+	go feed(fctx, cfg, slots, func(job string) error {
+		rec.began(job)
+		rev, err := cps.Create(ctx, job, payload)
+		if err != nil {
+			fail(err)
+			return err
 		}
-	}()
+		revs.Store(job, rev)
+		if err := dispatch(job, 1); err != nil {
+			fail(err)
+			return err
+		}
+		return nil
+	})
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -170,4 +166,36 @@ func runFloor(ctx context.Context, cfg Config, srv *natsserver.Server, rec *reco
 		return err
 	}
 	return nil
+}
+
+// feed starts cfg.Jobs jobs named job0, job1, ..., at most cfg.Concurrency
+// in flight (a slot is taken before a start and given back by whoever sees
+// the job end). Starts run on up to 32 goroutines, as many clients would
+// start them: one sequential starter would cap the jobs in flight at what
+// its round trips allow. It returns when every job was started or a start
+// failed.
+func feed(ctx context.Context, cfg Config, slots chan struct{}, start func(job string) error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(cfg.Concurrency, 32) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(cfg.Jobs) {
+					return
+				}
+				select {
+				case slots <- struct{}{}:
+				case <-ctx.Done():
+					return
+				}
+				if start("job"+strconv.FormatInt(i, 10)) != nil {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -66,6 +66,7 @@ It prints both and their ratios; medians over --rounds.`,
 	f.StringVar(&c.Kind, "kind", "noop", "step kind: noop, http (a local server) or model (replayed)")
 	f.IntVar(&c.Workers, "worker-concurrency", 256, "steps the worker runs at once")
 	f.StringVar(&c.Sync, "sync", "interval", "embedded JetStream sync policy: always or interval")
+	f.StringVar(&c.Queues, "queue-storage", "file", "Waymark's work and inbox queues: file or memory (the floor's stay on file)")
 	f.IntVar(&c.Rounds, "rounds", 1, "rounds of each system; medians are reported")
 	f.BoolVar(&noFloor, "no-floor", false, "skip the floor")
 	f.BoolVar(&floorOnly, "floor-only", false, "measure only the floor")
@@ -76,8 +77,8 @@ It prints both and their ratios; medians over --rounds.`,
 
 func printBench(w io.Writer, r *bench.Result) {
 	c := r.Config
-	fmt.Fprintf(w, "%d jobs x %d %s steps, %d in flight, %d-byte state, sync %s, %d round(s)\n\n",
-		c.Jobs, c.Steps, c.Kind, c.Concurrency, c.Payload, c.Sync, c.Rounds)
+	fmt.Fprintf(w, "%d jobs x %d %s steps, %d in flight, %d-byte state, sync %s, %s queues, %d round(s)\n\n",
+		c.Jobs, c.Steps, c.Kind, c.Concurrency, c.Payload, c.Sync, c.Queues, c.Rounds)
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "\twaymark\tfloor\tratio\t")
 	row := func(name string, a, b float64, format string) {
