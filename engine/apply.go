@@ -122,6 +122,11 @@ func dispatch(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, not
 	rec := cp.Steps[step]
 	if rec == nil {
 		rec = &schemas.StepRecord{}
+		if idx := c.def.StepIndex(step); cp.Completed.Has(idx) {
+			// Entered again: the record Completed stood for comes back.
+			rec = &schemas.StepRecord{Status: schemas.StepCompleted, Attempts: 1, Runs: 1, RunAttempt: 1}
+			cp.Completed = cp.Completed.Without(idx)
+		}
 		cp.Steps[step] = rec
 	}
 	if newRun {
@@ -154,7 +159,7 @@ func dispatch(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, not
 // dispatchOrStop dispatches step, unless the job has used up its step
 // budget (max_steps): a loop that never ends fails the job instead.
 func dispatchOrStop(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, notBefore, now time.Time) event {
-	used := 0
+	used := cp.Completed.Len()
 	for _, r := range cp.Steps {
 		used += r.Attempts
 	}
@@ -208,6 +213,12 @@ func applyResult(c *compiled, cp *schemas.Checkpoint, res *schemas.StepResult, n
 		Job: cp.JobID, Step: res.Step, Attempt: res.Attempt, Status: string(rec.Status),
 		DurationMs: res.DurationMs, ResultDigest: rec.ResultDigest,
 	}})
+	if rec.Attempts == 1 && rec.Runs == 1 {
+		// Nothing to remember but "done": keep the checkpoint from growing
+		// with the steps a job has done.
+		delete(cp.Steps, res.Step)
+		cp.Completed = cp.Completed.With(idx)
+	}
 
 	env := conditionEnv{State: stateDoc, Output: outDoc, Vars: cp.Vars, Step: res.Step, Attempt: rec.RunAttempt}
 	for j, t := range c.next[idx] {

@@ -64,8 +64,11 @@ func NewJobView(cp *schemas.Checkpoint, def *schemas.Definition) *JobView {
 		CreatedAt: cp.CreatedAt, UpdatedAt: cp.UpdatedAt, CompletedAt: cp.CompletedAt,
 		Steps: []StepView{},
 	}
-	add := func(id, kind string) {
+	add := func(id, kind string, idx int) {
 		sv := StepView{ID: id, Kind: kind, Status: schemas.StepPending}
+		if idx >= 0 && cp.Completed.Has(idx) {
+			sv.Status, sv.Attempts, sv.Runs = schemas.StepCompleted, 1, 1
+		}
 		if r := cp.Steps[id]; r != nil {
 			sv.Status, sv.Attempts, sv.Runs, sv.DurationMs = r.Status, r.Attempts, r.Runs, r.DurationMs
 			sv.ResultDigest, sv.LastError = r.ResultDigest, r.LastError
@@ -73,8 +76,8 @@ func NewJobView(cp *schemas.Checkpoint, def *schemas.Definition) *JobView {
 		v.Steps = append(v.Steps, sv)
 	}
 	if def != nil {
-		for _, s := range def.Steps {
-			add(s.ID, s.Kind)
+		for i, s := range def.Steps {
+			add(s.ID, s.Kind, i)
 		}
 		return v
 	}
@@ -84,7 +87,7 @@ func NewJobView(cp *schemas.Checkpoint, def *schemas.Definition) *JobView {
 	}
 	sort.Strings(ids)
 	for _, id := range ids {
-		add(id, "")
+		add(id, "", -1)
 	}
 	return v
 }

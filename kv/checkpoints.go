@@ -69,6 +69,9 @@ func DecodeCheckpoint(job string, data []byte) (*schemas.Checkpoint, error) {
 	case cp.DefinitionHash == "" || cp.Seq == 0 || cp.Status == "":
 		return nil, schemas.Errorf(schemas.CodeQuarantined, "checkpoint %s lacks definition hash, sequence or status", job)
 	}
+	if err := cp.Completed.Validate(); err != nil {
+		return nil, schemas.Errorf(schemas.CodeQuarantined, "checkpoint %s: completed: %v", job, err)
+	}
 	return &cp, nil
 }
 

@@ -460,10 +460,16 @@ func TestQueueEpochTellsWhetherQueuesWereLost(t *testing.T) {
 				t.Fatalf("after MarkQueues: intact=%v %v", ok, err)
 			}
 			srv.Restart(t)
+			var lastOK bool
+			var lastErr error
 			testsupport.Eventually(t, 10*time.Second, func() bool {
-				ok, err := st.QueuesIntact(c)
-				return err == nil && ok == (storage == kv.QueueFile)
-			}, "after a restart, %s queues should read intact=%v", storage, storage == kv.QueueFile)
+				// A request sent before the client saw the restart is
+				// lost: each read gets its own short deadline.
+				rc, cancel := context.WithTimeout(c, time.Second)
+				defer cancel()
+				lastOK, lastErr = st.QueuesIntact(rc)
+				return lastErr == nil && lastOK == (storage == kv.QueueFile)
+			}, "after a restart, %s queues should read intact=%v; last read %v", storage, storage == kv.QueueFile, lastRead{&lastOK, &lastErr})
 			if storage == kv.QueueMemory {
 				if err := st.Reopen(c); err != nil {
 					t.Fatalf("reopen after the memory queues were lost: %v", err)
@@ -474,4 +480,20 @@ func TestQueueEpochTellsWhetherQueuesWereLost(t *testing.T) {
 			}
 		})
 	}
+}
+
+// lastRead prints the last QueuesIntact result when a wait fails.
+type lastRead struct {
+	ok  *bool
+	err *error
+}
+
+func (l lastRead) String() string {
+	if *l.err != nil {
+		return (*l.err).Error()
+	}
+	if *l.ok {
+		return "intact"
+	}
+	return "not intact"
 }

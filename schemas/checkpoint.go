@@ -47,9 +47,9 @@ const (
 
 // Checkpoint is a job's execution state: one JetStream KV entry per job,
 // rewritten after every transition with a compare-and-swap on the revision
-// that was read (DESIGN.md invariant 1). It grows with State and with the
-// number of distinct steps, never with the number of steps run: history
-// goes to the history stream.
+// that was read (DESIGN.md invariant 1). It grows with State, not with the
+// number of steps run: history goes to the history stream, and steps done
+// without incident are kept as ranges of indexes (Completed).
 type Checkpoint struct {
 	Schema         int               `json:"schema"` // CheckpointSchema
 	JobID          string            `json:"id"`
@@ -62,8 +62,16 @@ type Checkpoint struct {
 	State          json.RawMessage   `json:"state"`
 	Vars           map[string]string `json:"vars,omitempty"` // pinned at start
 
-	// Steps holds one record per step that has been reached, by step id.
+	// Steps holds one record per step that has been reached, by step id,
+	// except the steps in Completed.
 	Steps map[string]*StepRecord `json:"steps,omitempty"`
+
+	// Completed holds the steps that completed at their first attempt of
+	// their only run, by index in the pinned definition: their record
+	// would say no more than that (durations and result digests are in the
+	// history), so a job's checkpoint does not grow with the steps it has
+	// done. A step entered again (a loop) gets its record back.
+	Completed StepSet `json:"completed,omitempty"`
 
 	// Current is the dispatch in flight, recorded before its message is
 	// published (DESIGN.md invariant 2); nil when none.

@@ -49,6 +49,9 @@ func (cp *Checkpoint) AppendJSON(dst []byte) []byte {
 		}
 		w.b = append(w.b, '}')
 	}
+	if cp.Completed != "" {
+		w.strField("completed", string(cp.Completed))
+	}
 	if cp.Current != nil {
 		w.key("current")
 		w.dispatch(cp.Current)

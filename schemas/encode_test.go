@@ -22,9 +22,10 @@ func sampleCheckpoint() *Checkpoint {
 			"b": {Status: StepDispatched, Attempts: 2, Runs: 1, RunAttempt: 2, LastError: &Error{Code: CodeProvider, Message: "503", Retryable: true}},
 			"a": {Status: StepCompleted, Attempts: 1, Runs: 1, ResultDigest: "ff", DurationMs: 12, CompletedSeq: 3},
 		},
-		Current: &Dispatch{Step: "b", Attempt: 2, RunAttempt: 2, MsgID: "job-1/b/2", Pool: "default", DispatchedAt: t0, NotBefore: &nb},
-		Cause:   "job-1/b/1/result",
-		Blocked: &Blocked{Step: "b", EffectKey: "job-1/b", Reason: "unknown"},
+		Completed: "0,2-5",
+		Current:   &Dispatch{Step: "b", Attempt: 2, RunAttempt: 2, MsgID: "job-1/b/2", Pool: "default", DispatchedAt: t0, NotBefore: &nb},
+		Cause:     "job-1/b/1/result",
+		Blocked:   &Blocked{Step: "b", EffectKey: "job-1/b", Reason: "unknown"},
 		Events: []Event{
 			{Type: EventStepFailed, Time: t0, Data: HistoryData{Job: "job-1", Seq: 7, Step: "b", Attempt: 1, Error: &Error{Code: CodeTimeout, Message: "slow", Job: "job-1", Step: "b", Attempt: 1, Retryable: true}, Retrying: true, NotBefore: nb}},
 			{Type: EventJobStarted, Time: t0, Data: HistoryData{Job: "job-1", Seq: 1, Status: "running", Input: json.RawMessage(`{"x":1}`), Reason: "r", Next: "n", NextAttempt: 2, ResultDigest: "d", DurationMs: 5,

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -105,6 +106,7 @@ type Sample struct {
 	BytesWritten uint64          `json:"bytes_written"` // to storage, by this process
 	PeakRSS      uint64          `json:"peak_rss_bytes"`
 	PeakHeap     uint64          `json:"peak_heap_bytes"`
+	Checkpoint   int64           `json:"checkpoint_bytes"` // largest final checkpoint of a job
 }
 
 // Result is what Run reports: medians over the rounds.
@@ -139,7 +141,10 @@ type Result struct {
 
 	EnginePeakRSS  uint64 `json:"engine_peak_rss_bytes"` // the process running server, engine and worker
 	EnginePeakHeap uint64 `json:"engine_peak_heap_bytes"`
-	FloorPeakRSS   uint64 `json:"floor_peak_rss_bytes"`
+	// CheckpointBytes is the largest final checkpoint of a job (the state
+	// plus what the engine keeps about steps; history is elsewhere).
+	CheckpointBytes int64  `json:"checkpoint_bytes"`
+	FloorPeakRSS    uint64 `json:"floor_peak_rss_bytes"`
 
 	ThroughputRatio float64 `json:"throughput_ratio"` // steps_per_s / floor_steps_per_s
 	LatencyRatio    float64 `json:"latency_ratio"`    // step_p50 / floor_step_p50
@@ -220,6 +225,7 @@ func measure(ctx context.Context, cfg Config, dir string, run system) (Sample, e
 		BytesWritten: bytesWritten() - io0,
 		PeakRSS:      peakRSS(),
 		PeakHeap:     peakHeap,
+		Checkpoint:   rec.cpMax.Load(),
 	}
 	s.StepLatency, s.JobLatency = rec.latencies()
 	if vz1, err := srv.Varz(nil); err == nil && vz0 != nil {
@@ -240,6 +246,7 @@ type recorder struct {
 	jobs    []time.Duration
 	pending int
 	done    chan struct{}
+	cpMax   atomic.Int64 // largest final checkpoint, bytes (Waymark only)
 }
 
 func newRecorder(cfg Config) *recorder {
@@ -430,6 +437,7 @@ func summarise(cfg Config, ours, floors []Sample) *Result {
 	type agg struct {
 		sps, p50, p90, p99, pmax, j50, j99, cpu, ops, writes, bytes []float64
 		rss, heap                                                   uint64
+		cp                                                          int64
 	}
 	collect := func(ss []Sample) agg {
 		var a agg
@@ -448,6 +456,7 @@ func summarise(cfg Config, ours, floors []Sample) *Result {
 			a.bytes = append(a.bytes, float64(s.BytesWritten)/n)
 			a.rss = max(a.rss, s.PeakRSS)
 			a.heap = max(a.heap, s.PeakHeap)
+			a.cp = max(a.cp, s.Checkpoint)
 		}
 		return a
 	}
@@ -461,6 +470,7 @@ func summarise(cfg Config, ours, floors []Sample) *Result {
 	r.JSWritesPerStep, r.FloorJSWritesPerStep = median(o.writes), median(f.writes)
 	r.BytesWrittenPerStep, r.FloorBytesWrittenPerStep = median(o.bytes), median(f.bytes)
 	r.EnginePeakRSS, r.EnginePeakHeap, r.FloorPeakRSS = o.rss, o.heap, f.rss
+	r.CheckpointBytes = o.cp
 	ratio := func(a, b float64) float64 {
 		if b == 0 {
 			return 0

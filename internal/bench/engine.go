@@ -56,6 +56,11 @@ func runEngine(ctx context.Context, cfg Config, srv *natsserver.Server, rec *rec
 				return
 			}
 			final := cp.Status.Terminal()
+			if final {
+				n := int64(len(cp.AppendJSON(nil)))
+				for old := rec.cpMax.Load(); n > old && !rec.cpMax.CompareAndSwap(old, n); old = rec.cpMax.Load() {
+				}
+			}
 			rec.stepDone(cp.JobID, final)
 			if final {
 				<-slots

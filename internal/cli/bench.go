@@ -101,5 +101,6 @@ func printBench(w io.Writer, r *bench.Result) {
 	row("bytes written/step", r.BytesWrittenPerStep, r.FloorBytesWrittenPerStep, "%.0f")
 	row("peak RSS MiB", float64(r.EnginePeakRSS)/(1<<20), float64(r.FloorPeakRSS)/(1<<20), "%.1f")
 	_ = tw.Flush()
-	fmt.Fprintf(w, "\npeak Go heap (waymark): %.1f MiB; CPU and memory are of the whole process (server, engine, worker)\n", float64(r.EnginePeakHeap)/(1<<20))
+	fmt.Fprintf(w, "\npeak Go heap (waymark): %.1f MiB; largest final checkpoint: %d bytes; CPU and memory are of the whole process (server, engine, worker)\n",
+		float64(r.EnginePeakHeap)/(1<<20), r.CheckpointBytes)
 }
