@@ -14,7 +14,7 @@ import (
 // Defaults for Config.
 const (
 	DefaultBatchSize         = 256
-	DefaultCacheSize         = 4096
+	DefaultCacheSize         = 1024
 	DefaultReconcileInterval = 15 * time.Second
 	DefaultStallGrace        = 30 * time.Second
 	DefaultPublishTimeout    = 10 * time.Second
@@ -35,7 +35,7 @@ type Config struct {
 	// writes and publishes. Default 256.
 	BatchSize int
 	// CacheSize caps checkpoints kept in memory, in entries. The cache only
-	// saves reads: every write is still a compare-and-swap. Default 4096.
+	// saves reads: every write is still a compare-and-swap. Default 1024.
 	CacheSize int
 	// ReconcileInterval is how often the reconciler scans running jobs for
 	// dispatches whose result never came. Default 15s; negative disables.

@@ -337,13 +337,17 @@ func bytesWritten() uint64 {
 // (VmHWM), so that the next peakRSS covers only what follows.
 func resetPeakRSS() { _ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) }
 
-func peakRSS() uint64 {
-	data, err := os.ReadFile("/proc/self/status")
+func peakRSS() uint64 { return procMemory("self", "VmHWM") }
+
+// procMemory reads a memory field (VmRSS, VmHWM) of process pid ("self"
+// for this one) from /proc, in bytes; 0 when it cannot be read.
+func procMemory(pid, field string) uint64 {
+	data, err := os.ReadFile("/proc/" + pid + "/status")
 	if err != nil {
 		return 0
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
 			f := strings.Fields(v)
 			if len(f) >= 1 {
 				n, _ := strconv.ParseUint(f[0], 10, 64)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime/pprof"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -72,6 +73,53 @@ It prints both and their ratios; medians over --rounds.`,
 	f.BoolVar(&floorOnly, "floor-only", false, "measure only the floor")
 	f.StringVarP(&output, "output", "o", "text", "text or json")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile (pprof) of the whole run to this file")
+	cmd.AddCommand(newBenchScaleCmd(g))
+	return cmd
+}
+
+func newBenchScaleCmd(g *globals) *cobra.Command {
+	var jobs []int
+	var output string
+	var settle time.Duration
+	cmd := &cobra.Command{
+		Use:   "scale [--jobs 100,10000]",
+		Short: "Measure the engine's memory with many jobs in flight, and its first progress after a kill",
+		Long: `Scale starts an engine process (engine serve --workers 0) against an embedded
+server, starts jobs whose first step waits for a worker pool nobody serves, and
+reads the engine's RSS and Go heap with each --jobs count in flight. Then it
+kills the engine (SIGKILL), lets a worker finish every waiting step, starts a new
+engine process and reports how long after its start it wrote its first
+checkpoint, and when the last job completed. Linux only.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(output); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			log, err := g.logger()
+			if err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			res, err := bench.RunScale(cmd.Context(), bench.ScaleConfig{Jobs: jobs, Settle: settle, Logger: log})
+			if err != nil {
+				return err
+			}
+			if output == "json" {
+				return printJSON(g.stdout, res)
+			}
+			tw := tabwriter.NewWriter(g.stdout, 2, 4, 2, ' ', tabwriter.AlignRight)
+			fmt.Fprintln(tw, "jobs in flight	engine RSS MiB	engine heap in use MiB	")
+			for _, p := range res.Points {
+				fmt.Fprintf(tw, "%d	%.1f	%.1f	\n", p.Jobs, float64(p.RSS)/(1<<20), float64(p.HeapInuse)/(1<<20))
+			}
+			_ = tw.Flush()
+			fmt.Fprintf(g.stdout, "\nengine killed with %d jobs in flight; a new engine process wrote its first checkpoint %.0f ms after it started, and completed them all in %.0f ms\n",
+				res.RestartJobs, res.FirstProgressMs, res.DrainMs)
+			return nil
+		},
+	}
+	cmd.Flags().IntSliceVar(&jobs, "jobs", []int{100, 10000}, "jobs in flight at which memory is read, ascending")
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	cmd.Flags().DurationVar(&settle, "settle", 3*time.Second, "how long jobs are held before memory is read")
 	return cmd
 }
 
