@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/waymark-dev/waymark/internal/failpoint"
+	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
 )
 
@@ -244,6 +245,11 @@ func (w *Worker) confirm(ctx context.Context, rec *schemas.EffectRecord, rev uin
 			if ent.Record.Settled() {
 				return recordedOutput(ent.Record), w.fence(ctx, c)
 			}
+			if ent.Record.State == schemas.EffectAmbiguous {
+				// A later delivery declared the outcome unknown and stopped
+				// the job; this answer settles it.
+				return w.settleLate(ctx, ent.Record, ent.Revision, c, raw, out)
+			}
 			rec, rev = ent.Record, ent.Revision
 			continue
 		}
@@ -269,6 +275,61 @@ func (w *Worker) confirm(ctx context.Context, rec *schemas.EffectRecord, rev uin
 		}
 		return json.RawMessage(raw), nil
 	}
+}
+
+// settleLate records the answer of a call that returned after a later
+// delivery had declared the effect ambiguous: the outcome is known now, so
+// the effect is reconciled as happened with this result, as a person would
+// with engine effects resolve --happened, and the job waiting on it is told.
+// This attempt itself is stale by then: its result is not published.
+func (w *Worker) settleLate(ctx context.Context, rec *schemas.EffectRecord, rev uint64, c *Call, raw []byte, out any) (any, error) {
+	now := time.Now().UTC()
+	for try := 0; ; try++ {
+		if rec.State != schemas.EffectAmbiguous {
+			// Settled meanwhile (a person resolved it): their answer stands.
+			return recordedOutput(rec), w.fence(ctx, c)
+		}
+		happened := true
+		next := *rec
+		next.State, next.Happened = schemas.EffectReconciled, &happened
+		next.ReconciledBy = fmt.Sprintf("worker %s: the call of attempt %d returned after the effect was declared ambiguous", w.cfg.ID, c.Attempt)
+		next.Result, next.ResultDigest, next.ExternalID = raw, digestOf(raw), externalID(out, raw)
+		next.SettledAt, next.UpdatedAt, next.LastError = now, now, nil
+		nrev, err := w.store.Effects.Update(ctx, &next, rev)
+		if errors.Is(err, schemas.ErrConflict) && try < 8 {
+			ent, gerr := w.store.Effects.Get(ctx, rec.Key)
+			if gerr != nil {
+				return nil, Retryable(gerr)
+			}
+			rec, rev = ent.Record, ent.Revision
+			continue
+		}
+		if err != nil {
+			return nil, Retryable(fmt.Errorf("effect %s performed, but recording it over the ambiguous record failed: %w", rec.Key, err))
+		}
+		w.effectEvent(ctx, &next, nrev, schemas.EventEffectReconciled)
+		if err := w.signalResolved(ctx, &next, nrev); err != nil {
+			// The engine's reconciler resumes jobs whose effect was resolved
+			// while the signal was lost.
+			w.log.Warn("effect settled by a late answer; telling the job failed", "job", c.Job, "key", rec.Key, "err", err)
+		}
+		w.ctr.settledLate.Add(1)
+		return recordedOutput(&next), w.fence(ctx, c)
+	}
+}
+
+// signalResolved tells the engine that the effect rec, blocking its job,
+// was resolved (the same signal engine effects resolve sends).
+func (w *Worker) signalResolved(ctx context.Context, rec *schemas.EffectRecord, rev uint64) error {
+	sig, err := json.Marshal(schemas.Signal{Job: rec.Job, Type: schemas.SignalEffectResolved, Key: rec.Key, By: rec.ReconciledBy})
+	if err != nil {
+		return err
+	}
+	m := nats.NewMsg(w.store.Names.InboxSubject(kv.InboxSignal, rec.Job))
+	m.Data = sig
+	m.Header.Set(jetstream.MsgIDHeader, rec.Job+"/resolve/"+strconv.FormatUint(rev, 10))
+	_, err = w.store.JS.PublishMsg(ctx, m)
+	return err
 }
 
 // callFailed records a failed call: a refusal returns the record to

@@ -553,11 +553,13 @@ func (w *Worker) prepare(ctx context.Context, hash, stepID string) (*preparedSte
 type WorkerStats struct {
 	// ReplayedEffects counts attempts answered from the ledger without a
 	// call (the effect had already happened); AmbiguousEffects, effects
-	// declared ambiguous; Stale, attempts dropped because the engine had
-	// moved on.
+	// declared ambiguous; SettledLate, ambiguous effects this worker
+	// reconciled as happened because its own call returned after all;
+	// Stale, attempts dropped because the engine had moved on.
 	ReplayedEffects  uint64 `json:"replayed_effects"`
 	ReplayedPure     uint64 `json:"replayed_pure_steps"` // pure steps run again on a redelivery
 	AmbiguousEffects uint64 `json:"ambiguous_effects"`
+	SettledLate      uint64 `json:"effects_settled_late"`
 	Stale            uint64 `json:"stale_attempts"`
 	Started          uint64 `json:"steps_started"`
 	Succeeded        uint64 `json:"steps_succeeded"`
@@ -570,13 +572,13 @@ type WorkerStats struct {
 
 type workerCounters struct {
 	started, succeeded, failed, redeliveries, held, published, heartbeats atomic.Uint64
-	replayedEffects, ambiguousEffects, stale, replayedPure                atomic.Uint64
+	replayedEffects, ambiguousEffects, stale, replayedPure, settledLate   atomic.Uint64
 }
 
 // Stats returns a snapshot of the worker's counters. Safe for concurrent use.
 func (w *Worker) Stats() WorkerStats {
 	c := &w.ctr
-	return WorkerStats{ReplayedEffects: c.replayedEffects.Load(), ReplayedPure: c.replayedPure.Load(), AmbiguousEffects: c.ambiguousEffects.Load(), Stale: c.stale.Load(),
+	return WorkerStats{ReplayedEffects: c.replayedEffects.Load(), ReplayedPure: c.replayedPure.Load(), AmbiguousEffects: c.ambiguousEffects.Load(), SettledLate: c.settledLate.Load(), Stale: c.stale.Load(),
 		Started: c.started.Load(), Succeeded: c.succeeded.Load(), Failed: c.failed.Load(),
 		Redeliveries: c.redeliveries.Load(), Held: c.held.Load(), Published: c.published.Load(), Heartbeats: c.heartbeats.Load()}
 }

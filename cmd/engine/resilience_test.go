@@ -481,6 +481,71 @@ func TestWorkersRaceAfterLeaseExpiry(t *testing.T) {
 		}
 		b.checkCompletedOnce(t)
 	})
+
+	// A sends the mail, then its process freezes before the ledger hears
+	// of it; its lease runs out. B finds the effect dispatched with no
+	// outcome, and mail is unsafe: B declares it ambiguous and the job
+	// stops for a person. A wakes with the answer in hand: the outcome is
+	// known after all, so A reconciles the effect as happened with its
+	// result, the job is told and completes, and no second mail is sent.
+	t.Run("late answer settles an ambiguous effect", func(t *testing.T) {
+		t.Parallel()
+		b := resilSetupRace(t, demo.NameMail)
+		def := resilDef(t, resilMailWorkflow)
+		gate := newResilGate(b.srv)
+		a := resilWorker(t, resilStore(t, gate, "worker-a", resilKV), b.env, resilFailpoints(t, "worker.after_remote_commit=delay=4s"), "worker-a", 1, b.log)
+		t.Cleanup(gate.thaw)
+
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		const job = "race-late"
+		key := job + "/notify"
+		if _, err := b.client.Start(ctx, def, nil, engine.StartOptions{JobID: job}); err != nil {
+			t.Fatal(err)
+		}
+		testsupport.Eventually(t, 10*time.Second, func() bool { return b.svc.Stats().Calls[key] == 1 },
+			"worker A never sent the mail")
+		gate.freeze()
+		bw := resilWorker(t, b.srv.Store(t, resilKV), b.env, resilFailpoints(t, ""), "worker-b", 0, b.log)
+		testsupport.Eventually(t, 20*time.Second, func() bool {
+			v, err := b.client.Job(ctx, job)
+			return err == nil && v.Status == schemas.JobNeedsReconciliation
+		}, "worker B never declared the effect ambiguous")
+		gate.thaw()
+
+		// The settlement re-dispatches the step, which is answered from
+		// the ledger: wait for the job to end.
+		var v *engine.JobView
+		testsupport.Eventually(t, 20*time.Second, func() bool {
+			v, _ = b.client.Job(ctx, job)
+			return v != nil && v.Status.Terminal()
+		}, "the job did not end after worker A's late answer: worker A %v", resilLazy(func() string { return fmt.Sprintf("%+v", a.Stats()) }))
+		if v.Status != schemas.JobCompleted {
+			t.Fatalf("job %s: %v", v.Status, v.Error)
+		}
+		if st := b.svc.Stats(); st.Calls[key] != 1 || st.Effects[key] != 1 {
+			t.Errorf("mail: calls %v, effects %v; want one mail", st.Calls, st.Effects)
+		}
+		ent, err := b.store.Effects.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := ent.Record
+		if r.State != schemas.EffectReconciled || r.Happened == nil || !*r.Happened || !strings.Contains(r.ReconciledBy, "worker-a") || len(r.Result) == 0 {
+			t.Errorf("ledger: %s happened=%v by %q result %s; want reconciled as happened by worker-a with its result", r.State, r.Happened, r.ReconciledBy, r.Result)
+		}
+		if s := a.Stats(); s.SettledLate != 1 || s.Published != 0 {
+			t.Errorf("worker A: %+v; want one late settlement and no result published", s)
+		}
+		if s := bw.Stats(); s.AmbiguousEffects != 1 {
+			t.Errorf("worker B: %+v; want the effect declared ambiguous once", s)
+		}
+		h := resilHistory(t, b.client, job)
+		if h[schemas.EventEffectAmbiguous] != 1 || h[schemas.EventEffectReconciled] != 1 || h[schemas.EventJobCompleted] != 1 {
+			t.Errorf("history: %d effect.ambiguous, %d effect.reconciled, %d job.completed; want 1 each",
+				h[schemas.EventEffectAmbiguous], h[schemas.EventEffectReconciled], h[schemas.EventJobCompleted])
+		}
+	})
 }
 
 // resilKeyCounter is an HTTP provider that counts calls per Idempotency-Key and
