@@ -156,6 +156,28 @@ func dispatch(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, not
 	}}
 }
 
+// redispatchLost gives cp's current dispatch, whose message was lost with
+// the queues, a new attempt number and message id. The step's retry
+// budget is untouched (its run attempt stays): the loss was not the
+// step's failure. A late result of the old attempt is stale.
+func redispatchLost(cp *schemas.Checkpoint, now time.Time) event {
+	cur := *cp.Current
+	rec := cp.Steps[cur.Step]
+	if rec == nil { // cannot happen: the current step always has a record
+		rec = &schemas.StepRecord{Status: schemas.StepDispatched, Runs: 1, RunAttempt: cur.RunAttempt, Attempts: cur.Attempt}
+		cp.Steps[cur.Step] = rec
+	}
+	rec.Attempts++
+	cur.Attempt = rec.Attempts
+	cur.MsgID = schemas.StepMsgID(cp.JobID, cur.Step, rec.Attempts)
+	cur.DispatchedAt = now
+	cp.Current = &cur
+	return event{typ: schemas.EventStepDispatched, data: schemas.HistoryData{
+		Job: cp.JobID, Step: cur.Step, Attempt: cur.Attempt, Status: string(rec.Status),
+		Reason: "its message was lost with the queues (a server restart with memory queues): dispatched again",
+	}}
+}
+
 // dispatchOrStop dispatches step, unless the job has used up its step
 // budget (max_steps): a loop that never ends fails the job instead.
 func dispatchOrStop(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, notBefore, now time.Time) event {

@@ -88,9 +88,33 @@ func (e *Engine) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	// Queues that were lost (memory queues after a server restart, a purge)
-	// are rebuilt from the checkpoints before anything else.
-	e.recoverQueues(ctx)
+	// Queues that were lost (memory queues after a server restart) are
+	// recreated before anything else; what they held is dispatched again
+	// from the checkpoints, some of it at once, some once it is safe.
+	var lostAt time.Time
+	var requeueAgain <-chan time.Time // set while steps wait for their turn
+	requeue := func() {
+		requeueAgain = nil
+		if lostAt.IsZero() {
+			return
+		}
+		waiting, err := e.Requeue(ctx, lostAt)
+		switch {
+		case err != nil:
+			e.ctr.reconcileErrors.Add(1)
+			e.log.Warn("requeue after lost queues incomplete; will try again", "err", err)
+			requeueAgain = time.After(time.Second)
+		case waiting > 0:
+			e.log.Debug("lookup and unsafe steps wait for their first attempt to end before they are dispatched again", "jobs", waiting)
+			requeueAgain = time.After(time.Second)
+		default:
+			lostAt = time.Time{}
+		}
+	}
+	if e.recoverQueues(ctx) {
+		lostAt = e.cfg.Now()
+		requeue()
+	}
 	lanes := make([]chan jetstream.Msg, e.cfg.Lanes)
 	var wg sync.WaitGroup
 	for i := range lanes {
@@ -162,12 +186,17 @@ func (e *Engine) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			done = true
+		case <-requeueAgain:
+			requeue()
 		case <-lost:
 			// Make sure the layout exists, rebuild lost queues, and consume
 			// again from a consumer that exists.
 			if !e.recoverQueues(ctx) {
+				requeue() // steps still waiting for their turn
 				continue
 			}
+			lostAt = e.cfg.Now()
+			requeue()
 			if c, err := e.store.EngineConsumer(ctx); err == nil {
 				if next, err := consume(c); err == nil {
 					cc.Stop()
@@ -187,9 +216,9 @@ func (e *Engine) Run(ctx context.Context) error {
 }
 
 // recoverQueues checks the queue epoch and, when the queues were lost,
-// recreates the layout, dispatches every running job's current step
-// again, and marks the queues. It reports whether the queues were lost
-// (and rebuilt). Errors are logged and retried at the next check.
+// recreates the layout and marks the queues anew. It reports whether they
+// were lost; the caller dispatches again what they held (Requeue). Errors
+// are logged and retried at the next check.
 func (e *Engine) recoverQueues(ctx context.Context) bool {
 	intact, err := e.store.QueuesIntact(ctx)
 	if err != nil {
@@ -203,19 +232,11 @@ func (e *Engine) recoverQueues(ctx context.Context) bool {
 		e.log.Warn("cannot recreate the layout; will try again", "err", err)
 		return false
 	}
-	n, err := e.Requeue(ctx)
-	if err != nil {
-		e.ctr.reconcileErrors.Add(1)
-		e.log.Warn("requeue incomplete; will try again", "err", err)
-		return false
-	}
 	if err := e.store.MarkQueues(ctx); err != nil {
-		e.log.Warn("cannot mark the queues; will requeue again", "err", err)
+		e.log.Warn("cannot mark the queues; will try again", "err", err)
 		return false
 	}
-	if n > 0 {
-		e.log.Info("queues were lost; dispatched running jobs again from their checkpoints", "jobs", n)
-	}
+	e.log.Info("the queues were lost or never marked; running jobs are dispatched again from their checkpoints")
 	return true
 }
 

@@ -261,41 +261,61 @@ func (e *Engine) startPending(ctx context.Context, ent kv.Entry, now time.Time) 
 	return p.err
 }
 
-// Requeue dispatches again, from the checkpoints, what lost queues held:
-// the current step of every running job (same message id; a dispatch
-// still queued is dropped as a duplicate) and the resumption of every job
-// blocked on an effect that was resolved meanwhile. Pending jobs whose
-// start request was lost are left to the reconciler, which starts them
-// once they are older than a reconcile interval. It returns how many jobs
-// it touched and the first error.
-func (e *Engine) Requeue(ctx context.Context) (int, error) {
+// Requeue dispatches again, from the checkpoints, the step messages that
+// lost queues held: the current step of every running job dispatched
+// before lostAt, under a new attempt number (a late result of the old
+// attempt is dropped as stale, and its worker is fenced out of the ledger)
+// without using up a retry. Pure and idempotent steps are dispatched at
+// once: running them twice is safe. Lookup and unsafe steps wait until the
+// old attempt must have ended, lostAt plus the step's timeout plus
+// StallGrace: asking the provider whether the effect happened, or
+// declaring it ambiguous, while the first call may still be under way
+// would be wrong. Jobs blocked on an effect that was resolved meanwhile
+// (the signal was lost too) are resumed. It returns how many jobs still
+// wait for their turn, and the first error.
+func (e *Engine) Requeue(ctx context.Context, lostAt time.Time) (waiting int, err error) {
 	now := e.cfg.Now()
-	var running []*plan
-	var blocked []kv.Entry
+	var due, blocked []kv.Entry
 	var firstErr error
-	err := e.store.Checkpoints.List(ctx, func(job string, ent kv.Entry, err error) bool {
+	err = e.store.Checkpoints.List(ctx, func(job string, ent kv.Entry, err error) bool {
 		if err != nil {
 			return true
 		}
 		cp := ent.Checkpoint
 		switch {
-		case cp.Status == schemas.JobRunning && cp.Current != nil:
-			running = append(running, &plan{job: job, next: cp, rev: ent.Revision, dispatch: true})
+		case cp.Status == schemas.JobRunning && cp.Current != nil && cp.Current.DispatchedAt.Before(lostAt):
+			def, err := e.store.Definitions.Get(ctx, cp.DefinitionHash)
+			if err != nil {
+				if firstErr == nil {
+					firstErr = fmt.Errorf("requeue job %s: %w", job, err)
+				}
+				return true
+			}
+			s := def.Step(cp.Current.Step)
+			if s == nil {
+				return true
+			}
+			switch def.EffectOf(s) {
+			case schemas.EffectPure, schemas.EffectIdempotent:
+				due = append(due, ent)
+			default:
+				if now.Before(lostAt.Add(def.TimeoutOf(s) + e.cfg.StallGrace)) {
+					waiting++
+					return true
+				}
+				due = append(due, ent)
+			}
 		case cp.Status == schemas.JobNeedsReconciliation && cp.Blocked != nil:
 			blocked = append(blocked, ent)
 		}
 		return true
 	})
 	if err != nil {
-		return 0, err
+		return waiting, err
 	}
-	for start := 0; start < len(running); start += 512 {
-		batch := running[start:min(start+512, len(running))]
-		e.finishPublish(ctx, e.startPublish(batch))
-		for _, p := range batch {
-			if p.err != nil && firstErr == nil {
-				firstErr = p.err
-			}
+	for _, ent := range due {
+		if err := e.redispatch(ctx, ent, now); err != nil && firstErr == nil {
+			firstErr = err
 		}
 	}
 	for _, ent := range blocked {
@@ -303,8 +323,32 @@ func (e *Engine) Requeue(ctx context.Context) (int, error) {
 			firstErr = err
 		}
 	}
-	e.ctr.requeued.Add(uint64(len(running)))
-	return len(running) + len(blocked), firstErr
+	return waiting, firstErr
+}
+
+// redispatch writes a new attempt of a running job's current step whose
+// message was lost, and publishes it. A job that moved on meanwhile is
+// left alone.
+func (e *Engine) redispatch(ctx context.Context, ent kv.Entry, now time.Time) error {
+	cp := ent.Checkpoint
+	p := &plan{job: cp.JobID, base: &cached{cp: cp, rev: ent.Revision}, fresh: true}
+	if err := e.definition(ctx, p, cp.DefinitionHash); err != nil {
+		return err
+	}
+	next := cloneCheckpoint(cp)
+	ev := redispatchLost(next, now)
+	next.Seq, next.UpdatedAt, next.Writer = cp.Seq+1, now, e.incarnation
+	next.Cause = "requeue/" + cp.Current.MsgID
+	next.Events = append(next.Events, stamp([]event{ev}, next.Seq, now)...)
+	p.next, p.dispatch, p.flush = next, true, false
+	if conflicts := e.write(ctx, []*plan{p}); len(conflicts) > 0 || p.err != nil {
+		return p.err
+	}
+	e.finishPublish(ctx, e.startPublish([]*plan{p}))
+	if p.err == nil {
+		e.ctr.requeued.Add(1)
+	}
+	return p.err
 }
 
 // resumeResolved unblocks a job whose effect was resolved while the signal

@@ -107,6 +107,25 @@ func resilWorker(t *testing.T, store *kv.Store, env *steps.Env, fp *failpoint.Se
 	return w
 }
 
+// resilPoolWorker runs an in-process worker of pool until the test ends.
+func resilPoolWorker(t *testing.T, store *kv.Store, env *steps.Env, id, pool string, log *slog.Logger) *steps.Worker {
+	t.Helper()
+	w, err := steps.NewWorker(steps.WorkerConfig{Store: store, Env: env, ID: id, Pool: pool, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := w.Run(ctx); err != nil {
+			t.Errorf("worker %s: %v", id, err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return w
+}
+
 func resilFailpoints(t *testing.T, spec string) *failpoint.Set {
 	t.Helper()
 	fp, err := failpoint.Parse(spec)
@@ -1132,12 +1151,30 @@ func resilSoakUnfinished(ids []string, final map[string]engine.JobSummary) strin
 	return strings.Join(out, ", ")
 }
 
+const resilMailPoolWorkflow = `
+name: memq-mail
+version: 1
+defaults:
+  timeout: 2s
+  retry: {max_attempts: 1}
+steps:
+  - id: send
+    kind: http
+    effect: unsafe
+    pool: mail
+    with: {method: POST, url: '{{service "svc"}}/mail', body: '{}'}
+`
+
 // TestMemoryQueuesLostInARestart runs with WAYMARK_QUEUE_STORAGE=memory
-// and restarts the nats-server while a step is running: the work and
-// inbox queues are gone, checkpoints and the effect ledger are not. The
-// engine sees the queue epoch missing, dispatches the running step again
-// from the checkpoint, and the job completes; the ledger keeps every HTTP
-// call to one per idempotency key although the step may run twice.
+// and restarts the nats-server while one job's idempotent step is running
+// on a worker and another job's unsafe step waits in the queue of a pool
+// nobody serves yet: the work and inbox queues are gone, checkpoints and
+// the effect ledger are not. The engine sees the queue epoch missing and
+// dispatches both steps again from their checkpoints under new attempt
+// numbers: the idempotent one at once (a second call carries the same
+// Idempotency-Key), the unsafe one only once its first attempt must have
+// ended (timeout + grace), so it is never declared ambiguous while a call
+// may be under way. Both jobs complete; the mail is sent once.
 func TestMemoryQueuesLostInARestart(t *testing.T) {
 	t.Parallel()
 	log := resilLogger(t)
@@ -1146,40 +1183,94 @@ func TestMemoryQueuesLostInARestart(t *testing.T) {
 	store := srv.Store(t, cfg)
 	client := engine.NewClient(store)
 	svc := newResilKeyCounter(t)
-	eng := resilEngine(t, srv.Store(t, cfg), log)
-	workStore := srv.Store(t, cfg)
-	w := resilWorker(t, workStore, &steps.Env{Services: map[string]string{"svc": svc.srv.URL}}, nil, "worker", 0, log)
+	const grace = 500 * time.Millisecond
+	eng, err := engine.New(engine.Config{Store: srv.Store(t, cfg), Logger: log, ReconcileInterval: -1, StallGrace: grace})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ectx, stopEngine := context.WithCancel(context.Background())
+	engDone := make(chan struct{})
+	go func() { defer close(engDone); _ = eng.Run(ectx) }()
+	t.Cleanup(func() { stopEngine(); <-engDone })
+	env := &steps.Env{Services: map[string]string{"svc": svc.srv.URL}}
+	w := resilWorker(t, srv.Store(t, cfg), env, nil, "worker", 0, log)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	const job = "memq-1"
-	if _, err := client.Start(ctx, resilDef(t, resilRestartWorkflow), nil, engine.StartOptions{JobID: job}); err != nil {
+	const slowJob, mailJob = "memq-1", "memq-mail"
+	if _, err := client.Start(ctx, resilDef(t, resilRestartWorkflow), nil, engine.StartOptions{JobID: slowJob}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Start(ctx, resilDef(t, resilMailPoolWorkflow), nil, engine.StartOptions{JobID: mailJob}); err != nil {
 		t.Fatal(err)
 	}
 	testsupport.Eventually(t, 10*time.Second, func() bool {
-		return svc.snapshot()["/slow "+job+"/slow"] == 1
-	}, "the slow step never reached the provider")
+		v, err := client.Job(ctx, mailJob)
+		return svc.snapshot()["/slow "+slowJob+"/slow"] == 1 && err == nil && v.Current != nil
+	}, "the slow step never reached the provider, or the mail step was never dispatched")
 	if st := streamStorage(t, store, store.Names.WorkStream); st != jetstream.MemoryStorage {
 		t.Fatalf("work stream storage %v, want memory", st)
 	}
 
+	restarted := time.Now()
 	srv.Restart(t)
 	testsupport.Eventually(t, 20*time.Second, func() bool { return eng.Stats().Requeued >= 1 },
 		"the engine did not dispatch the running step again after the queues were lost")
+	resilPoolWorker(t, srv.Store(t, cfg), env, "mail-worker", "mail", log)
 	svc.releaseAll()
 
-	v := resilWaitStopped(t, client, job, 30*time.Second)
-	if v.Status != schemas.JobCompleted {
-		t.Fatalf("job %s: %v", v.Status, v.Error)
+	for _, job := range []string{slowJob, mailJob} {
+		v := resilWaitStopped(t, client, job, 30*time.Second)
+		if v.Status != schemas.JobCompleted {
+			t.Fatalf("job %s %s: %v", job, v.Status, v.Error)
+		}
 	}
-	t.Logf("job completed after losing the queues: engine %+v; worker %+v", eng.Stats(), w.Stats())
-	want := map[string]int{"/slow " + job + "/slow": 1, "/after " + job + "/after": 1}
-	if got := svc.snapshot(); fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("calls per path and Idempotency-Key: %v; want %v", got, want)
+	t.Logf("jobs completed after losing the queues: engine %+v; worker %+v", eng.Stats(), w.Stats())
+	calls := svc.snapshot()
+	for k, n := range calls {
+		switch {
+		case strings.HasPrefix(k, "/slow "):
+			if k != "/slow "+slowJob+"/slow" {
+				t.Errorf("slow step called with key %q; want every call under %s/slow", k, slowJob)
+			}
+		case strings.HasPrefix(k, "/after "), strings.HasPrefix(k, "/mail "):
+			if n != 1 {
+				t.Errorf("%s called %d times; want once", k, n)
+			}
+		}
 	}
-	h := resilHistory(t, client, job)
-	if h[schemas.EventJobCompleted] != 1 {
-		t.Errorf("job completed %d times in the history; want once", h[schemas.EventJobCompleted])
+	if calls["/after "+slowJob+"/after"] != 1 {
+		t.Errorf("calls %v: the step after the slow one was not called once", calls)
+	}
+	mails := 0
+	for k, n := range calls {
+		if strings.HasPrefix(k, "/mail ") {
+			mails += n
+		}
+	}
+	if mails != 1 {
+		t.Errorf("mail sent %d times; want once (calls %v)", mails, calls)
+	}
+	// The unsafe step was dispatched again only after its first attempt's
+	// timeout (2s) had passed since the queues were lost.
+	evs, err := client.History(ctx, mailJob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var again *engine.HistoryEvent
+	for i := range evs {
+		if evs[i].Type == schemas.EventStepDispatched && evs[i].Data.Attempt == 2 {
+			again = &evs[i]
+		}
+	}
+	if again == nil {
+		t.Fatalf("no second dispatch of the mail step in its history")
+	}
+	if d := again.Time.Sub(restarted); d < 2*time.Second {
+		t.Errorf("unsafe step dispatched again %v after the restart; want no sooner than its 2s timeout", d)
+	}
+	if !strings.Contains(again.Data.Reason, "lost with the queues") {
+		t.Errorf("second dispatch reason %q; want it to say the message was lost with the queues", again.Data.Reason)
 	}
 }
 
