@@ -82,6 +82,7 @@ type preparedStep struct {
 	output      *schemas.Validator
 	keyTemplate *template.Template // the step's idempotency_key, if any
 	err         error              // preparation failed: every attempt fails with it
+	missingKind bool               // this worker lacks the step's kind: hand the step back
 }
 
 // NewWorker returns a Worker. Errors name the bad field.
@@ -253,6 +254,15 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 		// The definition could not be read: transient, try again soon.
 		log.Warn("cannot load definition; retrying", "err", err)
 		_ = m.NakWithDelay(time.Second)
+		return
+	}
+	if ps.missingKind {
+		// Another worker of the pool may have the kind (a custom worker
+		// beside engine serve's built-in one): hand the step back rather
+		// than fail it. A pool where none has it ends in the dead-letter
+		// path after the work consumer's max deliveries.
+		log.Warn("this worker lacks the step's kind; handing the step back", "kind", ps.step.Kind, "err", ps.err)
+		_ = m.NakWithDelay(min(max(w.store.Config.WorkAckWait/6, 100*time.Millisecond), 5*time.Second))
 		return
 	}
 	if replayedPure && ps.step != nil && ps.def.EffectOf(ps.step) == schemas.EffectPure {
@@ -533,6 +543,7 @@ func (w *Worker) prepare(ctx context.Context, hash, stepID string) (*preparedSte
 	switch {
 	case !ok:
 		ps.err = fmt.Errorf("this worker has no step kind %q (it has: %v)", ps.step.Kind, w.cfg.Registry.Names())
+		ps.missingKind = true
 	default:
 		ps.runner, ps.err = kind.Prepare(&Prep{Definition: def, Step: ps.step, Index: idx, Env: w.cfg.Env})
 	}

@@ -377,8 +377,6 @@ func TestWorkerResults(t *testing.T) {
 		{name: "past its timeout", step: "slow", state: `{"ms": 60000}`,
 			wantCode: schemas.CodeTimeout, wantRetryable: true,
 			wantMessage: []string{"step ran past its timeout of 200ms", "context deadline exceeded"}},
-		{name: "kind this worker lacks", step: "alien",
-			wantCode: schemas.CodeDefinitionInvalid, wantMessage: []string{`this worker has no step kind "alien" (it has: [echo http model noop panic wait])`}},
 		{name: "step not in the definition", step: "ghost",
 			wantCode: schemas.CodeDefinitionInvalid, wantMessage: []string{`has no step "ghost"`}},
 		{name: "output over the message limit", step: "echo", kv: kv.Config{MaxMessageBytes: 8192},
@@ -744,5 +742,26 @@ func TestWorkerWithoutAServiceHandsTheStepBack(t *testing.T) {
 	res := b.result("job-svc")
 	if res.Error != nil || res.Worker != "with" || calls.Load() != 1 {
 		t.Fatalf("result %+v after %d calls, want the worker with the service to succeed once", res, calls.Load())
+	}
+}
+
+// TestWorkerWithoutTheKindHandsTheStepBack: a worker that lacks the step's
+// kind (engine serve's built-in worker beside a custom one on the same
+// pool) gives the step back instead of failing the job; a worker with the
+// kind performs it.
+func TestWorkerWithoutTheKindHandsTheStepBack(t *testing.T) {
+	t.Parallel()
+	b := setupWorker(t, workerOptions{kv: kv.Config{WorkAckWait: time.Second}, noStart: true})
+	without, stopWithout := b.start(WorkerConfig{Env: &Env{}, ID: "without", Registry: Builtins()})
+	b.send(schemas.StepMessage{Job: "job-kind", Step: "echo", State: json.RawMessage(`{"out": {"answer": "yes"}}`)})
+	testsupport.Eventually(t, 10*time.Second, func() bool { return without.Stats().Started >= 1 }, "the step never reached the worker without the kind")
+	stopWithout()
+	if res := b.lastResult("job-kind"); res != nil {
+		t.Fatalf("the worker without the kind reported %+v; it should hand the step back", res)
+	}
+	b.start(WorkerConfig{ID: "with"})
+	res := b.result("job-kind")
+	if res.Error != nil || res.Worker != "with" {
+		t.Fatalf("result %+v; want the worker with the kind to succeed", res)
 	}
 }
