@@ -1,13 +1,16 @@
 package engine
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/waymark-dev/waymark/schemas"
 )
@@ -19,10 +22,10 @@ const MaxRequestBytes = 8 << 20
 //
 //	POST /v1/workflows              body: a workflow definition (YAML or JSON) → {name, version, hash}
 //	POST /v1/jobs                   {"workflow" | "definition_hash", "input", "job_id"?, "vars"?} → 201 {job_id, ...}; 200 when attached
-//	GET  /v1/jobs?status=&workflow=&limit=  → {"jobs": [...]}
+//	GET  /v1/jobs?status=&workflow=&limit=  → {"jobs": [...]} (status: running, completed, failed, needs_reconciliation, quarantined)
 //	GET  /v1/jobs/{id}              → the job record
 //	GET  /v1/jobs/{id}/history      → {"events": [...]}
-//	GET  /v1/effects?job=&state=    → {"effects": [...]}
+//	GET  /v1/effects?job=&state=    → {"effects": [...]} (state: prepared, dispatched, confirmed, ambiguous, reconciled)
 //	GET  /v1/effects/{key}          → one effect record (the key may contain '/')
 //	POST /v1/effects/resolve        {"key", "happened", "external_id"?, "result"?, "by", "note"?} → the reconciled record
 //	GET  /healthz                   → {"status": "ok"}
@@ -112,7 +115,18 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if status == http.StatusInternalServerError && a.Logger != nil {
 		a.Logger.Error("api", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
+	body.Message = withoutCode(body.Message, err, body.Code)
 	writeJSON(w, status, map[string]apiError{"error": body})
+}
+
+// withoutCode drops from msg the "code: " that a *schemas.Error of the
+// answer's code puts in its text: the code has a field of its own.
+func withoutCode(msg string, err error, code schemas.Code) string {
+	var se *schemas.Error
+	if !errors.As(err, &se) || se.Code != code {
+		return msg
+	}
+	return strings.Replace(msg, string(code)+": ", "", 1)
 }
 
 func badRequest(format string, args ...any) error {
@@ -183,8 +197,32 @@ func (a *API) startJob(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, res)
 }
 
+// jobStatuses and effectStates are the values the status and state
+// filters accept.
+var (
+	jobStatuses  = []schemas.JobStatus{schemas.JobRunning, schemas.JobCompleted, schemas.JobFailed, schemas.JobNeedsReconciliation, schemas.JobQuarantined}
+	effectStates = []schemas.EffectState{schemas.EffectPrepared, schemas.EffectDispatched, schemas.EffectConfirmed, schemas.EffectAmbiguous, schemas.EffectReconciled}
+)
+
+// checkEnum reports a query parameter whose value is not one of allowed
+// ("" means no filter).
+func checkEnum[T ~string](param string, v T, allowed []T) error {
+	if v == "" || slices.Contains(allowed, v) {
+		return nil
+	}
+	names := make([]string, len(allowed))
+	for i, a := range allowed {
+		names[i] = string(a)
+	}
+	return badRequest("%s %q: want one of %s", param, v, strings.Join(names, ", "))
+}
+
 func (a *API) listJobs(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
+	if err := checkEnum("status", schemas.JobStatus(q.Get("status")), jobStatuses); err != nil {
+		a.fail(w, r, err)
+		return
+	}
 	f := ListFilter{Status: schemas.JobStatus(q.Get("status")), Workflow: q.Get("workflow")}
 	if s := q.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
@@ -252,6 +290,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 func (a *API) listEffects(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
+	if err := checkEnum("state", schemas.EffectState(q.Get("state")), effectStates); err != nil {
+		a.fail(w, r, err)
+		return
+	}
 	recs, err := a.Client.Effects(r.Context(), EffectFilter{Job: q.Get("job"), State: schemas.EffectState(q.Get("state"))})
 	if err != nil {
 		a.fail(w, r, err)
@@ -272,15 +314,22 @@ func (a *API) getEffect(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, rec)
 }
 
-// ResolveEffectRequest is the body of POST /v1/effects/resolve.
+// ResolveEffectRequest is the body of POST /v1/effects/resolve. Key and
+// happened are required: a body without "happened" is refused rather than
+// read as false, which would have the step perform the action again.
 type ResolveEffectRequest struct {
 	Key string `json:"key"`
 	schemas.EffectResolution
 }
 
 func (a *API) resolveEffect(w http.ResponseWriter, r *http.Request) {
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
+	if err != nil {
+		a.fail(w, r, badRequest("read body: %v", err))
+		return
+	}
 	var req ResolveEffectRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
+	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
 		a.fail(w, r, badRequest("request body: %v", err))
@@ -288,6 +337,15 @@ func (a *API) resolveEffect(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.Key == "" {
 		a.fail(w, r, badRequest("key is required"))
+		return
+	}
+	// A missing "happened" must not read as false: that would have the
+	// step perform an unsafe action again.
+	var given struct {
+		Happened *bool `json:"happened"`
+	}
+	if err := json.NewDecoder(bytes.NewReader(data)).Decode(&given); err != nil || given.Happened == nil {
+		a.fail(w, r, badRequest("happened is required: true (the effect took place) or false (it did not, and the step will perform it)"))
 		return
 	}
 	rec, err := a.Client.ResolveEffect(r.Context(), req.Key, req.EffectResolution)

@@ -65,22 +65,40 @@ func TestHTTPAPI(t *testing.T) {
 		method, path, body string
 		want               int
 		code               string
+		msg                []string // all must appear in the message
 	}{
-		{"POST", "/v1/jobs", `{"workflow": "three", "input": {"n": "x"}}`, 400, "input_invalid"},
-		{"POST", "/v1/jobs", `{"workflow": "nope", "input": {}}`, 404, "not_found"},
-		{"POST", "/v1/jobs", `{"input": {}}`, 400, "input_invalid"},
-		{"POST", "/v1/jobs", `{"workflow": "three", "input": {"n": 1}, "job_id": "bad id"}`, 400, "input_invalid"},
-		{"POST", "/v1/jobs", `{"workflow": "three", "unknown": 1}`, 400, "input_invalid"},
-		{"GET", "/v1/jobs/absent", "", 404, "not_found"},
-		{"GET", "/v1/jobs/absent/history", "", 404, "not_found"},
-		{"GET", "/v1/jobs?limit=0", "", 400, "input_invalid"},
-		{"GET", "/v1/nothing", "", 404, "not_found"},
-		{"DELETE", "/v1/jobs/api-1", "", 405, "method_not_allowed"},
+		{"POST", "/v1/jobs", `{"workflow": "three", "input": {"n": "x"}}`, 400, "input_invalid", nil},
+		{"POST", "/v1/jobs", `{"workflow": "nope", "input": {}}`, 404, "not_found", nil},
+		{"POST", "/v1/jobs", `{"input": {}}`, 400, "input_invalid", nil},
+		{"POST", "/v1/jobs", `{"workflow": "three", "input": {"n": 1}, "job_id": "bad id"}`, 400, "input_invalid", nil},
+		{"POST", "/v1/jobs", `{"workflow": "three", "unknown": 1}`, 400, "input_invalid", nil},
+		{"GET", "/v1/jobs/absent", "", 404, "not_found", []string{`no job "absent"`}},
+		{"GET", "/v1/jobs/absent/history", "", 404, "not_found", nil},
+		{"GET", "/v1/jobs?limit=0", "", 400, "input_invalid", nil},
+		{"GET", "/v1/jobs?status=bogus", "", 400, "input_invalid",
+			[]string{`status "bogus"`, "running, completed, failed, needs_reconciliation, quarantined"}},
+		{"GET", "/v1/effects?state=bogus", "", 400, "input_invalid",
+			[]string{`state "bogus"`, "prepared, dispatched, confirmed, ambiguous, reconciled"}},
+		{"POST", "/v1/effects/resolve", `{"key": "j/notify", "by": "a"}`, 400, "input_invalid", []string{"happened is required", "true", "false"}},
+		{"POST", "/v1/effects/resolve", `{"key": "j/notify", "happened": null, "by": "a"}`, 400, "input_invalid", []string{"happened is required"}},
+		{"POST", "/v1/effects/resolve", `{"key": "j/notify", "happened": false, "by": "a"}`, 404, "not_found", nil},
+		{"POST", "/v1/effects/resolve", `{"happened": true, "by": "a"}`, 400, "input_invalid", []string{"key is required"}},
+		{"GET", "/v1/nothing", "", 404, "not_found", nil},
+		{"DELETE", "/v1/jobs/api-1", "", 405, "method_not_allowed", nil},
 	} {
 		code, m := do(tc.method, tc.path, tc.body)
 		e, _ := m["error"].(map[string]any)
-		if code != tc.want || e["code"] != tc.code || e["message"] == "" {
+		msg, _ := e["message"].(string)
+		if code != tc.want || e["code"] != tc.code || msg == "" {
 			t.Errorf("%s %s %s: %d %v, want %d %s", tc.method, tc.path, tc.body, code, m, tc.want, tc.code)
+		}
+		if strings.Contains(msg, tc.code+": ") {
+			t.Errorf("%s %s %s: message %q repeats the code", tc.method, tc.path, tc.body, msg)
+		}
+		for _, w := range tc.msg {
+			if !strings.Contains(msg, w) {
+				t.Errorf("%s %s %s: message %q lacks %q", tc.method, tc.path, tc.body, msg, w)
+			}
 		}
 	}
 

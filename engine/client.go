@@ -100,7 +100,11 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 				names = append(names, n)
 			}
 			sort.Strings(names)
-			return StartResult{}, schemas.Errorf(schemas.CodeInputInvalid, "var %q is not declared by workflow %s (it declares: %s)", k, def.Name, strings.Join(names, ", "))
+			declared := "it declares none"
+			if len(names) > 0 {
+				declared = "it declares: " + strings.Join(names, ", ")
+			}
+			return StartResult{}, schemas.Errorf(schemas.CodeInputInvalid, "var %q is not declared by workflow %s (%s)", k, def.Name, declared)
 		}
 	}
 	if len(bytes.TrimSpace(input)) == 0 {

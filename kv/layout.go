@@ -141,11 +141,11 @@ func (c Config) Validate() error {
 	case c.Replicas != 1 && c.Replicas != 3 && c.Replicas != 5:
 		return fmt.Errorf("kv config: replicas %d: want 1, 3 or 5", c.Replicas)
 	case c.Duplicates < time.Second:
-		return fmt.Errorf("kv config: duplicates window %v: want at least 1s", c.Duplicates)
+		return fmt.Errorf("kv config: duplicates window %v: want at least 1s (0 means the default, %v)", c.Duplicates, DefaultDuplicates)
 	case c.InboxAckWait < 100*time.Millisecond:
-		return fmt.Errorf("kv config: inbox ack wait %v: want at least 100ms", c.InboxAckWait)
+		return fmt.Errorf("kv config: inbox ack wait %v: want at least 100ms (0 means the default, %v)", c.InboxAckWait, DefaultInboxAckWait)
 	case c.WorkAckWait < 100*time.Millisecond:
-		return fmt.Errorf("kv config: work ack wait %v: want at least 100ms", c.WorkAckWait)
+		return fmt.Errorf("kv config: work ack wait %v: want at least 100ms (0 means the default, %v)", c.WorkAckWait, DefaultWorkAckWait)
 	case c.WorkMaxDeliver < 2 && c.WorkMaxDeliver != -1:
 		return fmt.Errorf("kv config: work max deliver %d: want at least 2, or -1 for no limit", c.WorkMaxDeliver)
 	case c.MaxAckPending < 1 && c.MaxAckPending != -1:
@@ -155,7 +155,9 @@ func (c Config) Validate() error {
 	case c.MaxMessageBytes < 1024:
 		return fmt.Errorf("kv config: max message bytes %d: want at least 1024", c.MaxMessageBytes)
 	case c.HistoryMaxAge < 0:
-		return fmt.Errorf("kv config: history max age %v: want a positive duration", c.HistoryMaxAge)
+		return fmt.Errorf("kv config: history max age %v: want a positive duration (0 means the default, %v)", c.HistoryMaxAge, DefaultHistoryMaxAge)
+	case c.EffectRetention < 0:
+		return fmt.Errorf("kv config: effect retention %v: want a positive duration (0 means the default, %v)", c.EffectRetention, DefaultHistoryMaxAge)
 	}
 	return nil
 }

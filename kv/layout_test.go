@@ -87,6 +87,11 @@ func TestConfigValidate(t *testing.T) {
 		{name: "tiny values", edit: func(c *kv.Config) { c.MaxValueBytes = 100 }, wantField: "max value bytes"},
 		{name: "tiny messages", edit: func(c *kv.Config) { c.MaxMessageBytes = 100 }, wantField: "max message bytes"},
 		{name: "negative history age", edit: func(c *kv.Config) { c.HistoryMaxAge = -time.Hour }, wantField: "history max age"},
+		{name: "negative effect retention", edit: func(c *kv.Config) { c.EffectRetention = -time.Hour }, wantField: "effect retention"},
+		{name: "negative duplicates window", edit: func(c *kv.Config) { c.Duplicates = -time.Minute }, wantField: "duplicates window"},
+		{name: "negative inbox ack wait", edit: func(c *kv.Config) { c.InboxAckWait = -time.Second }, wantField: "inbox ack wait"},
+		{name: "negative work ack wait", edit: func(c *kv.Config) { c.WorkAckWait = -time.Second }, wantField: "work ack wait"},
+		{name: "short effect retention", edit: func(c *kv.Config) { c.EffectRetention = time.Minute }},
 	}
 	for _, r := range rows {
 		t.Run(r.name, func(t *testing.T) {
@@ -116,6 +121,15 @@ func TestConfigValidate(t *testing.T) {
 		}
 		if got != want {
 			t.Errorf("WithDefaults = %+v, want %+v", got, want)
+		}
+	})
+
+	t.Run("negative durations name the default", func(t *testing.T) {
+		t.Parallel()
+		c := kv.Config{EffectRetention: -time.Hour}.WithDefaults()
+		err := c.Validate()
+		if err == nil || !strings.Contains(err.Error(), "-1h0m0s") || !strings.Contains(err.Error(), "0 means the default") {
+			t.Errorf("Validate = %v, want the value and what 0 means", err)
 		}
 	})
 

@@ -1,16 +1,21 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"runtime/pprof"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/waymark-dev/waymark/internal/bench"
+	"github.com/waymark-dev/waymark/internal/natsserver"
+	"github.com/waymark-dev/waymark/kv"
 )
 
 func newBenchCmd(g *globals) *cobra.Command {
@@ -29,6 +34,9 @@ It prints both and their ratios; medians over --rounds.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(output); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			if err := checkBenchFlags(c, noFloor, floorOnly); err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
 			log, err := g.logger()
@@ -63,10 +71,10 @@ It prints both and their ratios; medians over --rounds.`,
 	f.IntVar(&c.Jobs, "jobs", 100, "jobs per round")
 	f.IntVar(&c.Steps, "steps", 10, "steps per job")
 	f.IntVar(&c.Concurrency, "concurrency", 0, "jobs in flight (default: all of them)")
-	f.IntVar(&c.Payload, "payload", 1024, "state size in bytes")
+	f.IntVar(&c.Payload, "payload", 1024, "state size in bytes (1..524288)")
 	f.StringVar(&c.Kind, "kind", "noop", "step kind: noop, http (a local server) or model (replayed)")
 	f.IntVar(&c.Workers, "worker-concurrency", 256, "steps the worker runs at once")
-	f.StringVar(&c.Sync, "sync", "interval", "embedded JetStream sync policy: always or interval")
+	f.StringVar(&c.Sync, "sync", "interval", "embedded JetStream sync policy: always or interval (the default here is interval; engine run and serve default to always)")
 	f.StringVar(&c.Queues, "queue-storage", "file", "Waymark's work and inbox queues: file or memory (the floor's stay on file)")
 	f.IntVar(&c.Rounds, "rounds", 1, "rounds of each system; medians are reported")
 	f.BoolVar(&noFloor, "no-floor", false, "skip the floor")
@@ -95,6 +103,14 @@ checkpoint, and when the last job completed. Linux only.`,
 			if err := checkOutput(output); err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
+			for i, n := range jobs {
+				if n < 1 || (i > 0 && n <= jobs[i-1]) {
+					return &ExitError{Code: 2, Err: fmt.Errorf("--jobs %s: want ascending counts of at least 1, e.g. 100,10000", joinInts(jobs))}
+				}
+			}
+			if settle <= 0 {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--settle %v: want a positive duration", settle)}
+			}
 			log, err := g.logger()
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
@@ -121,6 +137,44 @@ checkpoint, and when the last job completed. Linux only.`,
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
 	cmd.Flags().DurationVar(&settle, "settle", 3*time.Second, "how long jobs are held before memory is read")
 	return cmd
+}
+
+// checkBenchFlags refuses, naming the flag, what bench.Config would turn
+// into a default (a zero) or refuse later with a less precise message.
+func checkBenchFlags(c bench.Config, noFloor, floorOnly bool) error {
+	switch {
+	case c.Jobs < 1:
+		return fmt.Errorf("--jobs %d: want 1 or more", c.Jobs)
+	case c.Steps < 1:
+		return fmt.Errorf("--steps %d: want 1 or more", c.Steps)
+	case c.Rounds < 1:
+		return fmt.Errorf("--rounds %d: want 1 or more", c.Rounds)
+	case c.Workers < 1:
+		return fmt.Errorf("--worker-concurrency %d: want 1 or more", c.Workers)
+	case c.Concurrency < 0:
+		return fmt.Errorf("--concurrency %d: want 1 or more, or 0 for all the jobs at once", c.Concurrency)
+	case c.Concurrency > c.Jobs:
+		return fmt.Errorf("--concurrency %d: more than the %d jobs (--jobs)", c.Concurrency, c.Jobs)
+	case c.Payload < 1 || c.Payload > 512<<10:
+		return fmt.Errorf("--payload %d: want 1..524288 bytes", c.Payload)
+	case c.Kind != "noop" && c.Kind != "http" && c.Kind != "model":
+		return fmt.Errorf("--kind %q: want noop, http or model", c.Kind)
+	case c.Sync != natsserver.SyncAlways && c.Sync != natsserver.SyncInterval:
+		return fmt.Errorf("--sync %q: want always or interval", c.Sync)
+	case c.Queues != kv.QueueFile && c.Queues != kv.QueueMemory:
+		return fmt.Errorf("--queue-storage %q: want file or memory", c.Queues)
+	case noFloor && floorOnly:
+		return errors.New("--no-floor and --floor-only together leave nothing to measure: give one of them")
+	}
+	return nil
+}
+
+func joinInts(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
 }
 
 func printBench(w io.Writer, r *bench.Result) {

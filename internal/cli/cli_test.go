@@ -5,9 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -208,7 +211,7 @@ func TestFlagErrors(t *testing.T) {
 	}{
 		{[]string{"run", repo("examples/quickstart/workflow.yaml"), "--output", "yaml"}, `--output "yaml"`},
 		{[]string{"run", repo("examples/quickstart/workflow.yaml"), "--model-mode", "psychic"}, `--model-mode "psychic"`},
-		{[]string{"run", repo("examples/quickstart/workflow.yaml"), "--job-id", "no spaces"}, `job id "no spaces"`},
+		{[]string{"run", repo("examples/quickstart/workflow.yaml"), "--job-id", "no spaces"}, `--job-id "no spaces"`},
 		{[]string{"run", repo("examples/quickstart/workflow.yaml"), "--var", "novalue"}, `--var "novalue"`},
 		{[]string{"run", repo("examples/quickstart/workflow.yaml"), "--log-level", "loud"}, `--log-level "loud"`},
 		{[]string{"validate", "testdata/typed-input.yaml", "--input", "testdata/bad-input.json"}, "/amount_cents"},
@@ -313,4 +316,265 @@ func openDataDir(t *testing.T, dir string) (*kv.Store, func()) {
 		t.Fatal(err)
 	}
 	return st, func() { nc.Close(); srv.Stop(context.Background()) }
+}
+
+// writeWorkflow writes a workflow file into a fresh directory.
+func writeWorkflow(t *testing.T, yaml string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "workflow.yaml")
+	if err := os.WriteFile(p, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// unreachable is a NATS URL nothing listens on: commands that get past
+// their checks fail to connect, with exit status 1.
+const unreachable = "nats://127.0.0.1:1"
+
+func TestStartChecksBeforeConnecting(t *testing.T) {
+	t.Parallel()
+	quickstart := repo("examples/quickstart/workflow.yaml")
+	input := repo("examples/quickstart/input.json")
+	withVars := writeWorkflow(t, "name: greeter\nversion: 1\nvars:\n  greeting: hi\n  name: you\nsteps:\n  - id: a\n    kind: noop\n")
+	tests := []struct {
+		name   string
+		args   []string
+		want   []string // all must appear in stderr
+		unwant []string // none may
+	}{
+		{"no input, schema needs one", []string{"start", "testdata/typed-input.yaml"},
+			[]string{"no --input given", "{}", "at /: missing properties", "--input FILE"}, []string{"input :"}},
+		{"no input on run", []string{"run", "testdata/typed-input.yaml", "--data-dir", t.TempDir()},
+			[]string{"no --input given", "at /: missing properties", "--input FILE"}, []string{"input :"}},
+		{"undeclared var, none declared", []string{"start", quickstart, "--input", input, "--var", "nope=1"},
+			[]string{`--var "nope=1"`, `workflow bug-triage declares no var "nope" (it declares none)`}, []string{"input.json", "declares: )"}},
+		{"undeclared var on run", []string{"run", quickstart, "--input", input, "--var", "nope=1", "--data-dir", t.TempDir()},
+			[]string{`--var "nope=1"`, "(it declares none)"}, []string{"input.json"}},
+		{"undeclared var, some declared", []string{"start", withVars, "--var", "nope=1"},
+			[]string{`--var "nope=1"`, "(it declares: greeting, name)"}, nil},
+		{"bad job id", []string{"start", quickstart, "--input", input, "--job-id", "x y"},
+			[]string{`--job-id "x y": want 1-128 letters`}, []string{"input.json"}},
+		{"bad job id on run", []string{"run", quickstart, "--input", input, "--job-id", "x y", "--data-dir", t.TempDir()},
+			[]string{`--job-id "x y": want 1-128 letters`}, []string{"input.json"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, errOut, code := execute(t, append(tt.args, "--nats-url", unreachable)...)
+			if code != 2 {
+				t.Fatalf("exit %d, want 2\n%s", code, errOut)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(errOut, w) {
+					t.Errorf("stderr lacks %q:\n%s", w, errOut)
+				}
+			}
+			for _, w := range tt.unwant {
+				if strings.Contains(errOut, w) {
+					t.Errorf("stderr has %q:\n%s", w, errOut)
+				}
+			}
+		})
+	}
+}
+
+func TestStartWithoutInputStartsWithEmptyInput(t *testing.T) {
+	t.Parallel()
+	srv := testsupport.StartServer(t, testsupport.ServerOptions{TCP: true})
+	wf := writeWorkflow(t, "name: greeter\nversion: 1\nvars:\n  greeting: hi\nsteps:\n  - id: a\n    kind: noop\n")
+	out, errOut, code := execute(t, "start", wf, "--job-id", "no-input", "--var", "greeting=hello", "--nats-url", srv.URL(), "-o", "json")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+	var res engine.StartResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil || res.JobID != "no-input" || res.Attached {
+		t.Fatalf("start printed %q (%v), want job no-input started", out, err)
+	}
+	st := srv.Store(t, kv.Config{})
+	ent, err := st.Checkpoints.Get(context.Background(), "no-input")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var compact bytes.Buffer
+	_ = json.Compact(&compact, ent.Checkpoint.State)
+	if compact.String() != "{}" {
+		t.Errorf("state = %s, want {}", ent.Checkpoint.State)
+	}
+}
+
+func TestValidateCountsSteps(t *testing.T) {
+	t.Parallel()
+	out, errOut, code := execute(t, "validate", "testdata/typed-input.yaml")
+	if code != 0 || !strings.Contains(out, "(typed-input v1, 1 step, definition ") {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+func TestUnknownCommandIsAUsageError(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"frobnicate"}, {"effects", "frobnicate"}, {"strat"}} {
+		out, errOut, code := execute(t, args...)
+		if code != 2 || !strings.Contains(errOut, `unknown command "`+args[len(args)-1]+`"`) {
+			t.Errorf("%v: exit %d\n%s%s", args, code, out, errOut)
+		}
+	}
+	if _, errOut, _ := execute(t, "strat"); !strings.Contains(errOut, "did you mean start?") {
+		t.Errorf("strat: no suggestion: %s", errOut)
+	}
+	if out, errOut, code := execute(t); code != 0 || !strings.Contains(out, "Available Commands") {
+		t.Errorf("no command: exit %d\n%s%s; want the help", code, out, errOut)
+	}
+}
+
+func TestBenchFlagErrors(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--jobs", "0"}, `--jobs 0`},
+		{[]string{"--steps", "0"}, `--steps 0`},
+		{[]string{"--rounds", "0"}, `--rounds 0`},
+		{[]string{"--worker-concurrency", "0"}, `--worker-concurrency 0`},
+		{[]string{"--concurrency", "-1"}, `--concurrency -1`},
+		{[]string{"--jobs", "10", "--concurrency", "11"}, `--concurrency 11`},
+		{[]string{"--payload", "-1"}, `--payload -1`},
+		{[]string{"--kind", "fax"}, `--kind "fax"`},
+		{[]string{"--sync", "never"}, `--sync "never"`},
+		{[]string{"--queue-storage", "disk"}, `--queue-storage "disk"`},
+		{[]string{"--no-floor", "--floor-only"}, "--no-floor and --floor-only"},
+		{[]string{"scale", "--settle", "-1s"}, `--settle -1s`},
+		{[]string{"scale", "--jobs", "100,10"}, `--jobs 100,10: want ascending`},
+		{[]string{"scale", "--jobs", "0,10"}, `--jobs 0,10`},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			t.Parallel()
+			out, errOut, code := execute(t, append([]string{"bench"}, tt.args...)...)
+			if code != 2 || !strings.Contains(errOut, tt.want) {
+				t.Errorf("exit %d stderr %q, want 2 and %q\n%s", code, errOut, tt.want, out)
+			}
+		})
+	}
+	cmd := NewEngineCommand(&bytes.Buffer{}, &bytes.Buffer{})
+	b, _, err := cmd.Find([]string{"bench"})
+	if err != nil || !strings.Contains(b.Flags().Lookup("sync").Usage, "serve default to always") {
+		t.Errorf("bench --sync help does not say how its default differs: %v", err)
+	}
+}
+
+// TestBadEnvironmentIsAUsageError sets WAYMARK_* variables, so it does not
+// run in parallel.
+func TestBadEnvironmentIsAUsageError(t *testing.T) {
+	quickstart := repo("examples/quickstart/workflow.yaml")
+	input := repo("examples/quickstart/input.json")
+	tests := []struct {
+		env, value string
+		args       []string
+		want       string
+	}{
+		{"WAYMARK_QUEUE_STORAGE", "disk", []string{"list"}, `WAYMARK_QUEUE_STORAGE="disk": kv config: queue storage "disk"`},
+		{"WAYMARK_REPLICAS", "2", []string{"effects", "list"}, `WAYMARK_REPLICAS="2": kv config: replicas 2`},
+		{"WAYMARK_REPLICAS", "two", []string{"status", "j"}, `WAYMARK_REPLICAS="two": strconv.Atoi`},
+		{"WAYMARK_INBOX_ACK_WAIT", "-1s", []string{"list"}, `WAYMARK_INBOX_ACK_WAIT="-1s": kv config: inbox ack wait -1s`},
+		{"WAYMARK_EFFECT_RETENTION", "-1h", []string{"start", quickstart, "--input", input}, `WAYMARK_EFFECT_RETENTION="-1h": kv config: effect retention -1h0m0s`},
+		{"WAYMARK_HISTORY_MAX_AGE", "-1h", []string{"history", "j"}, `WAYMARK_HISTORY_MAX_AGE="-1h"`},
+		{"WAYMARK_DUPLICATES", "10ms", []string{"list"}, `WAYMARK_DUPLICATES="10ms"`},
+		{"WAYMARK_WORK_MAX_DELIVER", "1", []string{"list"}, `WAYMARK_WORK_MAX_DELIVER="1"`},
+		{"WAYMARK_PREFIX", "Bad.Prefix", []string{"list"}, `--prefix "Bad.Prefix" (from WAYMARK_PREFIX)`},
+		{"WAYMARK_LOG_LEVEL", "loud", []string{"list"}, `--log-level "loud" (from WAYMARK_LOG_LEVEL)`},
+		{"WAYMARK_MODEL_MODE", "psychic", []string{"run", quickstart, "--input", input}, `--model-mode "psychic" (from WAYMARK_MODEL_MODE)`},
+		{"WAYMARK_SYNC", "sometimes", []string{"run", quickstart, "--input", input}, `--sync "sometimes" (from WAYMARK_SYNC): want always or interval`},
+		{"WAYMARK_QUEUE_STORAGE", "disk", []string{"run", quickstart, "--input", input}, `WAYMARK_QUEUE_STORAGE="disk"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.env+"="+tt.value+" "+tt.args[0], func(t *testing.T) {
+			t.Setenv(tt.env, tt.value)
+			dir := t.TempDir()
+			args := append(tt.args, "--nats-url", unreachable)
+			if tt.args[0] == "run" { // on an embedded server, which must not start
+				args = append(tt.args, "--data-dir", dir)
+				if tt.env != "WAYMARK_MODEL_MODE" {
+					args = append(args, "--model-mode", "replay")
+				}
+			}
+			out, errOut, code := execute(t, args...)
+			if code != 2 || !strings.Contains(errOut, tt.want) {
+				t.Errorf("exit %d, want 2 and %q\nstdout %s\nstderr %s", code, tt.want, out, errOut)
+			}
+			if _, err := os.Stat(filepath.Join(dir, "jetstream")); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("a server started before the variable was refused (%v)", err)
+			}
+		})
+	}
+
+	// A flag given on the command line is named as the flag alone.
+	t.Setenv("WAYMARK_SYNC", "interval")
+	_, errOut, code := execute(t, "run", quickstart, "--input", input, "--data-dir", t.TempDir(), "--sync", "sometimes")
+	if code != 2 || !strings.Contains(errOut, `--sync "sometimes": want`) {
+		t.Errorf("exit %d stderr %q, want the --sync flag named alone", code, errOut)
+	}
+	// A zero duration means the default.
+	t.Setenv("WAYMARK_EFFECT_RETENTION", "0s")
+	if _, errOut, code := execute(t, "list", "--nats-url", unreachable); code != 1 || !strings.Contains(errOut, "connect to NATS") {
+		t.Errorf("WAYMARK_EFFECT_RETENTION=0s: exit %d stderr %q, want it accepted (then no server)", code, errOut)
+	}
+}
+
+func TestUnreachableServerNamesEngineServe(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"effects", "list"}, {"effects", "resolve", "j/notify", "--happened"}, {"list"}} {
+		_, errOut, code := execute(t, append(args, "--nats-url", unreachable)...)
+		if code != 1 || !strings.Contains(errOut, "engine serve --data-dir DIR") || !strings.Contains(errOut, "NATS_URL") {
+			t.Errorf("%v: exit %d stderr %q; want 1 and how to start a server", args, code, errOut)
+		}
+	}
+}
+
+// TestNeedsReconciliationHint: a run whose unsafe effect's outcome is
+// unknown exits 3 and tells how to settle it: the resolve command needs an
+// engine serving the same data directory.
+func TestNeedsReconciliationHint(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	mail := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		calls.Add(1)
+		// Hang up without an answer: the mail may or may not have gone.
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			_ = conn.Close()
+		}
+	}))
+	t.Cleanup(mail.Close)
+	wf := writeWorkflow(t, `name: notify-once
+version: 1
+steps:
+  - id: notify
+    kind: http
+    effect: unsafe
+    with:
+      method: POST
+      url: '{{service "mail"}}/v1/send'
+      body: '{"to": "a@example.com"}'
+`)
+	dir := filepath.Join(t.TempDir(), "my data")
+	out, errOut, code := execute(t, "run", wf, "--data-dir", dir, "--sync", "interval", "--job-id", "hint",
+		"--service", "mail="+mail.URL)
+	if code != 3 {
+		t.Fatalf("exit %d, want 3\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	for _, want := range []string{
+		"job hint needs reconciliation",
+		"start `engine serve --data-dir '" + dir + "' --service mail=" + mail.URL + "` (or point NATS_URL at your server)",
+		"then run `engine effects resolve hint/notify --happened",
+		"`engine effects resolve hint/notify --not-happened`",
+	} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, errOut)
+		}
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("mail called %d times, want once", n)
+	}
 }

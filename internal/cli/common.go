@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -42,6 +44,7 @@ type globals struct {
 	logFormat string
 	stdout    io.Writer
 	stderr    io.Writer
+	flags     *pflag.FlagSet // where the flags above were bound, to tell flag from environment
 }
 
 func envOr(key, def string) string {
@@ -53,6 +56,7 @@ func envOr(key, def string) string {
 
 func (g *globals) bind(cmd *cobra.Command) {
 	f := cmd.PersistentFlags()
+	g.flags = f
 	f.StringVarP(&g.natsURL, "nats-url", "s", os.Getenv("NATS_URL"), "NATS server URL (env NATS_URL); alias --server")
 	f.StringVar(&g.creds, "creds", os.Getenv("NATS_CREDS"), "NATS credentials file (env NATS_CREDS)")
 	f.StringVar(&g.prefix, "prefix", envOr("WAYMARK_PREFIX", kv.DefaultPrefix), "prefix of every stream, bucket and subject (env WAYMARK_PREFIX)")
@@ -69,7 +73,7 @@ func (g *globals) bind(cmd *cobra.Command) {
 func (g *globals) logger() (*slog.Logger, error) {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(g.logLevel)); err != nil {
-		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", g.logLevel)
+		return nil, fmt.Errorf("%s: want debug, info, warn or error", flagValue(g.flags, "log-level", "WAYMARK_LOG_LEVEL", g.logLevel))
 	}
 	opts := &slog.HandlerOptions{Level: lvl}
 	switch g.logFormat {
@@ -78,7 +82,25 @@ func (g *globals) logger() (*slog.Logger, error) {
 	case "json":
 		return slog.New(slog.NewJSONHandler(g.stderr, opts)), nil
 	}
-	return nil, fmt.Errorf("--log-format %q: want text or json", g.logFormat)
+	return nil, fmt.Errorf("%s: want text or json", flagValue(g.flags, "log-format", "WAYMARK_LOG_FORMAT", g.logFormat))
+}
+
+// flagValue names a flag and its value for an error message, and the
+// environment variable when the value came from it (the flag was not
+// given): --sync "disk" (from WAYMARK_SYNC). fs may be nil when the flag
+// set is unknown; then a value equal to the variable's is taken as its.
+func flagValue(fs *pflag.FlagSet, flag, env, value string) string {
+	s := fmt.Sprintf("--%s %q", flag, value)
+	fromEnv := os.Getenv(env) != "" && os.Getenv(env) == value
+	if fs != nil {
+		if f := fs.Lookup(flag); f != nil && f.Changed {
+			fromEnv = false
+		}
+	}
+	if fromEnv {
+		s += " (from " + env + ")"
+	}
+	return s
 }
 
 // connect dials the NATS server named by --nats-url.
@@ -93,7 +115,7 @@ func (g *globals) connect(name string) (*nats.Conn, error) {
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w (is `engine serve` running? set --nats-url)", url, err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w (is an engine running? start `engine serve --data-dir DIR` on the data directory your jobs use (default .waymark), or point --nats-url / NATS_URL at your NATS server)", url, err)
 	}
 	return nc, nil
 }
@@ -114,14 +136,43 @@ var kvEnv = []struct {
 	{"WAYMARK_EFFECT_RETENTION", func(c *kv.Config, v string) (err error) { c.EffectRetention, err = time.ParseDuration(v); return }},
 }
 
-// kvConfigFromEnv applies the WAYMARK_* layout variables to cfg.
+// kvConfigFromEnv applies the WAYMARK_* layout variables to cfg. A value
+// that does not parse, or that the layout refuses (kv.Config.Validate),
+// is an error naming the variable and the value.
 func kvConfigFromEnv(cfg kv.Config) (kv.Config, error) {
 	for _, e := range kvEnv {
-		if v := os.Getenv(e.name); v != "" {
-			if err := e.set(&cfg, v); err != nil {
-				return cfg, fmt.Errorf("%s=%q: %w", e.name, v, err)
-			}
+		v := os.Getenv(e.name)
+		if v == "" {
+			continue
 		}
+		if err := e.set(&cfg, v); err != nil {
+			return cfg, fmt.Errorf("%s=%q: %w", e.name, v, err)
+		}
+		// Validate checks each field on its own: the variable alone, over
+		// the defaults, tells whether its value is acceptable.
+		var alone kv.Config
+		_ = e.set(&alone, v)
+		if err := alone.WithDefaults().Validate(); err != nil {
+			return cfg, fmt.Errorf("%s=%q: %w", e.name, v, err)
+		}
+	}
+	return cfg, nil
+}
+
+// kvConfig completes cfg with the WAYMARK_* layout variables and --prefix
+// and checks it, before anything reaches the server. Errors are usage
+// errors (exit status 2) naming the variable or flag at fault.
+func (g *globals) kvConfig(cfg kv.Config) (kv.Config, error) {
+	cfg, err := kvConfigFromEnv(cfg)
+	if err != nil {
+		return cfg, &ExitError{Code: 2, Err: err}
+	}
+	cfg.Prefix = g.prefix
+	if err := (kv.Config{Prefix: g.prefix}).WithDefaults().Validate(); err != nil {
+		return cfg, &ExitError{Code: 2, Err: fmt.Errorf("%s: %w", flagValue(g.flags, "prefix", "WAYMARK_PREFIX", g.prefix), err)}
+	}
+	if err := cfg.WithDefaults().Validate(); err != nil {
+		return cfg, &ExitError{Code: 2, Err: err}
 	}
 	return cfg, nil
 }
@@ -132,10 +183,9 @@ func (g *globals) openStore(ctx context.Context, nc *nats.Conn, cfg kv.Config, l
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	if cfg, err = kvConfigFromEnv(cfg); err != nil {
-		return nil, &ExitError{Code: 2, Err: err}
+	if cfg, err = g.kvConfig(cfg); err != nil {
+		return nil, err
 	}
-	cfg.Prefix = g.prefix
 	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	st, err := kv.Open(octx, js, cfg, log)
@@ -153,10 +203,12 @@ type embeddedFlags struct {
 	dataDir      string
 	sync         string
 	syncInterval time.Duration
+	flags        *pflag.FlagSet
 }
 
 func (e *embeddedFlags) bind(cmd *cobra.Command) {
 	f := cmd.Flags()
+	e.flags = f
 	f.StringVar(&e.dataDir, "data-dir", envOr("WAYMARK_DATA_DIR", ".waymark"), "embedded server's data directory (env WAYMARK_DATA_DIR)")
 	f.StringVar(&e.sync, "sync", envOr("WAYMARK_SYNC", natsserver.SyncAlways), "embedded JetStream sync policy: always (fsync before every acknowledgement) or interval (env WAYMARK_SYNC)")
 	f.DurationVar(&e.syncInterval, "sync-interval", time.Second, "fsync period under --sync interval")
@@ -165,7 +217,7 @@ func (e *embeddedFlags) bind(cmd *cobra.Command) {
 // validate checks the flags before anything starts.
 func (e *embeddedFlags) validate() error {
 	if e.sync != natsserver.SyncAlways && e.sync != natsserver.SyncInterval {
-		return fmt.Errorf("--sync %q: want always or interval", e.sync)
+		return fmt.Errorf("%s: want always or interval", flagValue(e.flags, "sync", "WAYMARK_SYNC", e.sync))
 	}
 	if e.syncInterval <= 0 {
 		return fmt.Errorf("--sync-interval %v: want a positive duration", e.syncInterval)
@@ -236,8 +288,9 @@ func lineCol(data []byte, off int64) (int, int) {
 	return line, col
 }
 
-// parseVars parses --var name=value pairs.
-func parseVars(pairs []string) (map[string]string, error) {
+// parseVars parses --var name=value pairs; each name must be one of the
+// vars def declares.
+func parseVars(pairs []string, def *schemas.Definition) (map[string]string, error) {
 	if len(pairs) == 0 {
 		return nil, nil
 	}
@@ -247,9 +300,39 @@ func parseVars(pairs []string) (map[string]string, error) {
 		if !ok || k == "" {
 			return nil, fmt.Errorf("--var %q: want name=value", p)
 		}
+		if _, declared := def.Vars[k]; !declared {
+			declares := "it declares none"
+			if len(def.Vars) > 0 {
+				declares = "it declares: " + strings.Join(slices.Sorted(maps.Keys(def.Vars)), ", ")
+			}
+			return nil, fmt.Errorf("--var %q: workflow %s declares no var %q (%s)", p, def.Name, k, declares)
+		}
 		out[k] = v
 	}
 	return out, nil
+}
+
+// checkJobID checks a --job-id before anything starts.
+func checkJobID(id string) error {
+	if id == "" {
+		return nil // a fresh id is picked
+	}
+	if err := engine.ValidateJobID(id); err != nil {
+		msg := schemas.AsError(err).Message
+		return fmt.Errorf("--job-id %q: %s", id, strings.TrimPrefix(msg, fmt.Sprintf("job id %q: ", id)))
+	}
+	return nil
+}
+
+// inputName names where a job's input came from, for messages.
+func inputName(path string) string {
+	switch path {
+	case "":
+		return "{} (no --input given)"
+	case "-":
+		return "from stdin"
+	}
+	return path
 }
 
 func printJSON(w io.Writer, v any) error {
@@ -266,25 +349,45 @@ func checkOutput(o string) error {
 }
 
 // inputError adds file positions to the schema problems of an input error:
-// "input.json:12:5: at /reports/3/id: does not match pattern".
+// "input.json:12:5: at /reports/3/id: does not match pattern". path is the
+// --input flag: "" when none was given (the input is {}), "-" for stdin.
 func inputError(path string, data []byte, err error) error {
 	var se *schemas.SchemaError
-	if path == "" || path == "-" || !errors.As(err, &se) || len(se.Problems) == 0 {
-		return fmt.Errorf("input %s: %w", path, err)
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "input %s does not match the workflow's schema:", path)
-	for _, p := range se.Problems {
-		line, col := schemas.LocateInJSON(data, p.Path)
-		where := path
-		if line > 0 {
-			where = fmt.Sprintf("%s:%d:%d", path, line, col)
+	if !errors.As(err, &se) || len(se.Problems) == 0 {
+		if path == "" {
+			return &inputErr{msg: fmt.Sprintf("no --input given, and the input {} is refused: %v; give the job's input with --input FILE (- for stdin)", err), cause: err}
 		}
+		return fmt.Errorf("input %s: %w", inputName(path), err)
+	}
+	file := path
+	var b strings.Builder
+	switch path {
+	case "":
+		b.WriteString("no --input given, and the input {} does not match the workflow's schema:")
+	case "-":
+		file = "stdin"
+		b.WriteString("input from stdin does not match the workflow's schema:")
+	default:
+		fmt.Fprintf(&b, "input %s does not match the workflow's schema:", path)
+	}
+	for _, p := range se.Problems {
 		at := p.Path
 		if at == "" {
 			at = "/"
 		}
+		if path == "" {
+			fmt.Fprintf(&b, "\n  at %s: %s", at, p.Message)
+			continue
+		}
+		line, col := schemas.LocateInJSON(data, p.Path)
+		where := file
+		if line > 0 {
+			where = fmt.Sprintf("%s:%d:%d", file, line, col)
+		}
 		fmt.Fprintf(&b, "\n  %s: at %s: %s", where, at, p.Message)
+	}
+	if path == "" {
+		b.WriteString("\ngive the job's input with --input FILE (- for stdin)")
 	}
 	return &inputErr{msg: b.String(), cause: err}
 }

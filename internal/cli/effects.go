@@ -21,6 +21,7 @@ func newEffectsCmd(g *globals) *cobra.Command {
 		Short: "Inspect the effect ledger and settle ambiguous effects",
 	}
 	cmd.AddCommand(newEffectsListCmd(g), newEffectsResolveCmd(g))
+	requireSubcommand(cmd)
 	return cmd
 }
 

@@ -24,12 +24,16 @@ func (g *globals) withClient(ctx context.Context, fn func(*engine.Client, *kv.St
 	if err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}
+	cfg, err := g.kvConfig(kv.Config{}) // a bad WAYMARK_* value is reported before connecting
+	if err != nil {
+		return err
+	}
 	nc, err := g.connect("waymark-cli")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	st, err := g.openStore(ctx, nc, kv.Config{}, log)
+	st, err := g.openStore(ctx, nc, cfg, log)
 	if err != nil {
 		return err
 	}
@@ -41,9 +45,13 @@ func newStartCmd(g *globals) *cobra.Command {
 	var vars []string
 	var sf stepFlags
 	cmd := &cobra.Command{
-		Use:   "start WORKFLOW --input FILE",
+		Use:   "start WORKFLOW [--input FILE]",
 		Short: "Start a job on a running engine and print its id",
-		Args:  exactArgs(1),
+		Long: `Start stores WORKFLOW and starts a job of it on the engine behind --nats-url,
+then prints the job's id without waiting. Without --input the job's input is {},
+as with engine run. Exit status: 0 started (or attached to the job of that
+--job-id), 2 bad usage or input, 1 any other error (no server, for one).`,
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkOutput(output); err != nil {
 				return &ExitError{Code: 2, Err: err}
@@ -60,20 +68,20 @@ func newStartCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
-			vm, err := parseVars(vars)
+			vm, err := parseVars(vars, def)
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
+			if err := checkJobID(jobID); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			if err := engine.CheckInput(def, in); err != nil {
+				return &ExitError{Code: 2, Err: inputError(input, in, err)}
+			}
 			return g.withClient(cmd.Context(), func(c *engine.Client, _ *kv.Store) error {
 				res, err := c.Start(cmd.Context(), def, in, engine.StartOptions{JobID: jobID, Vars: vm})
-				if errors.Is(err, schemas.ErrInputInvalid) || errors.Is(err, schemas.ErrTooLarge) {
-					return &ExitError{Code: 2, Err: fmt.Errorf("input %s: %w", input, err)}
-				}
-				if errors.Is(err, schemas.ErrConflict) {
-					return &ExitError{Code: 2, Err: err}
-				}
 				if err != nil {
-					return err
+					return startError(input, err)
 				}
 				if output == "json" {
 					return printJSON(g.stdout, res)
@@ -84,7 +92,7 @@ func newStartCmd(g *globals) *cobra.Command {
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVarP(&input, "input", "i", "", "job input: a JSON file, or - for stdin")
+	fl.StringVarP(&input, "input", "i", "", "job input: a JSON file, or - for stdin (default: {})")
 	fl.StringVar(&jobID, "job-id", "", "job id; an existing id attaches to that job")
 	fl.StringArrayVar(&vars, "var", nil, "name=value overriding one of the workflow's vars (repeatable)")
 	fl.StringVarP(&output, "output", "o", "text", "text (the job id) or json")
@@ -259,11 +267,32 @@ func newValidateCmd(g *globals) *cobra.Command {
 					return &ExitError{Code: 2, Err: inputError(input, in, err)}
 				}
 			}
-			fmt.Fprintf(g.stdout, "%s: ok (%s v%d, %d steps, definition %s)\n", args[0], def.Name, def.Version, len(def.Steps), def.Hash[:12])
+			fmt.Fprintf(g.stdout, "%s: ok (%s v%d, %s, definition %s)\n", args[0], def.Name, def.Version, plural(len(def.Steps), "step", "steps"), def.Hash[:12])
 			return nil
 		},
 	}
 	cmd.Flags().StringVarP(&input, "input", "i", "", "also check this input against the input schema")
 	cmd.Flags().StringArrayVar(&sf.allowKinds, "allow-kind", nil, "a step kind only remote workers know (repeatable)")
 	return cmd
+}
+
+// startError gives an error of Client.Start its exit status: 2 for what
+// the request got wrong (input, size, a job id taken by another job), 1
+// otherwise. input is the --input flag.
+func startError(input string, err error) error {
+	switch {
+	case errors.Is(err, schemas.ErrTooLarge):
+		return &ExitError{Code: 2, Err: fmt.Errorf("input %s: %w", inputName(input), err)}
+	case errors.Is(err, schemas.ErrInputInvalid), errors.Is(err, schemas.ErrConflict):
+		return &ExitError{Code: 2, Err: err}
+	}
+	return err
+}
+
+// plural returns "1 step" or "n steps".
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return strconv.Itoa(n) + " " + many
 }

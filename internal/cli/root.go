@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/spf13/cobra"
 )
@@ -25,6 +26,7 @@ where it stopped without performing a step's side effect twice.`,
 		Version:       Version,
 	}
 	g.bind(root)
+	requireSubcommand(root)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &ExitError{Code: 2, Err: err} })
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -34,6 +36,27 @@ where it stopped without performing a step's side effect twice.`,
 	w.Short = "Run a worker in this process (same as the worker binary)"
 	root.AddCommand(w)
 	return root
+}
+
+// requireSubcommand makes cmd, which only groups subcommands, refuse an
+// unknown one with exit status 2 (cobra's own error exits 1, and a group
+// below the root would print its help and exit 0). Without arguments cmd
+// prints its help.
+func requireSubcommand(cmd *cobra.Command) {
+	cmd.Args = func(cmd *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return nil
+		}
+		msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+		if cmd.SuggestionsMinimumDistance <= 0 {
+			cmd.SuggestionsMinimumDistance = 2 // cobra's default, which only its own error sets
+		}
+		if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+			msg += fmt.Sprintf(" (did you mean %s?)", strings.Join(s, " or "))
+		}
+		return &ExitError{Code: 2, Err: fmt.Errorf("%s; run '%s --help' for the commands", msg, cmd.CommandPath())}
+	}
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
 }
 
 // exactArgs and noArgs check argument counts as cobra's do, with exit

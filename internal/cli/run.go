@@ -18,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/waymark-dev/waymark/engine"
 	"github.com/waymark-dev/waymark/internal/demo"
@@ -33,10 +34,12 @@ type stepFlags struct {
 	services   []string
 	modelMode  string
 	allowKinds []string
+	flags      *pflag.FlagSet // set by bind
 }
 
 func (s *stepFlags) bind(cmd *cobra.Command) {
 	f := cmd.Flags()
+	s.flags = f
 	f.StringArrayVar(&s.services, "service", nil, "name=URL of a service that step templates reach as {{service \"name\"}} (repeatable)")
 	f.StringVar(&s.modelMode, "model-mode", envOr("WAYMARK_MODEL_MODE", steps.ModelAuto), "model steps: auto (live when the API key is set, else the cassette), live or replay (env WAYMARK_MODEL_MODE)")
 }
@@ -45,7 +48,7 @@ func (s *stepFlags) env() (*steps.Env, error) {
 	switch s.modelMode {
 	case steps.ModelAuto, steps.ModelLive, steps.ModelReplay:
 	default:
-		return nil, fmt.Errorf("--model-mode %q: want auto, live or replay", s.modelMode)
+		return nil, fmt.Errorf("%s: want auto, live or replay", flagValue(s.flags, "model-mode", "WAYMARK_MODEL_MODE", s.modelMode))
 	}
 	svc, err := steps.ParseServices(s.services)
 	if err != nil {
@@ -68,22 +71,25 @@ type runFlags struct {
 func newRunCmd(g *globals) *cobra.Command {
 	var f runFlags
 	cmd := &cobra.Command{
-		Use:   "run WORKFLOW --input FILE",
+		Use:   "run WORKFLOW [--input FILE]",
 		Short: "Run one job to the end on an embedded server (or --nats-url) and print its transitions",
 		Long: `Run starts an embedded nats-server (JetStream files under --data-dir), the engine
 and in-process workers, runs one job of WORKFLOW to completion, printing one line
-per transition, then the final state. With --job-id, running the same command again
-after a crash attaches to that job and finishes it instead of starting another.
+per transition, then the final state. Without --input the job's input is {}.
+With --job-id, running the same command again after a crash attaches to that job
+and finishes it instead of starting another.
 Bundled demo services named by the workflow ({{service "tickets"}}) start by
 themselves unless --service gives their URL. Exit status: 0 completed, 1 failed,
-2 bad input, 130 interrupted (the job stays saved and resumes on the next run).`,
+2 bad input, 3 needs reconciliation (an effect's outcome is unknown: a person
+settles it with engine effects resolve), 130 interrupted (the job stays saved
+and resumes on the next run).`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runJob(cmd.Context(), g, &f, args[0], cmd.InOrStdin())
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVarP(&f.input, "input", "i", "", "job input: a JSON file, or - for stdin")
+	fl.StringVarP(&f.input, "input", "i", "", "job input: a JSON file, or - for stdin (default: {})")
 	fl.StringVar(&f.jobID, "job-id", "", "job id; an existing id attaches to that job")
 	fl.StringArrayVar(&f.vars, "var", nil, "name=value overriding one of the workflow's vars (repeatable)")
 	fl.StringVarP(&f.output, "output", "o", "text", "text or json (the final job record as one JSON object)")
@@ -274,14 +280,12 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 	if err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}
-	vars, err := parseVars(f.vars)
+	vars, err := parseVars(f.vars, def)
 	if err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}
-	if f.jobID != "" {
-		if err := engine.ValidateJobID(f.jobID); err != nil {
-			return &ExitError{Code: 2, Err: err}
-		}
+	if err := checkJobID(f.jobID); err != nil {
+		return &ExitError{Code: 2, Err: err}
 	}
 	if err := engine.CheckInput(def, input); err != nil {
 		return &ExitError{Code: 2, Err: inputError(f.input, input, err)}
@@ -299,6 +303,9 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 	if err := f.embedded.validate(); err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}
+	if _, err := g.kvConfig(kv.Config{}); err != nil {
+		return err // a bad WAYMARK_* value, reported before any server starts
+	}
 	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
 
@@ -315,13 +322,7 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 	client := engine.NewClient(st.store)
 	res, err := client.Start(ctx, def, input, engine.StartOptions{JobID: f.jobID, Vars: vars})
 	if err != nil {
-		if errors.Is(err, schemas.ErrInputInvalid) || errors.Is(err, schemas.ErrTooLarge) {
-			return &ExitError{Code: 2, Err: fmt.Errorf("input %s: %w", f.input, err)}
-		}
-		if errors.Is(err, schemas.ErrConflict) {
-			return &ExitError{Code: 2, Err: err}
-		}
-		return err
+		return startError(f.input, err)
 	}
 	if text {
 		if res.Attached {
@@ -386,9 +387,43 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 		if view.Blocked != nil {
 			key = view.Blocked.EffectKey
 		}
-		return &ExitError{Code: 3, Err: fmt.Errorf("job %s needs reconciliation: the outcome of effect %s is unknown. Find out whether it happened, then run `engine effects resolve %s --happened [--external-id ID] [--result FILE]` or `--not-happened`; the job resumes by itself", view.ID, key, key)}
+		return &ExitError{Code: 3, Err: fmt.Errorf("job %s needs reconciliation: the outcome of effect %s is unknown. Find out whether it happened, then %s", view.ID, key, resolveHint(g, f, key, len(st.services) > 0))}
 	}
 	return nil
+}
+
+// resolveHint tells how to settle an ambiguous effect after engine run
+// stopped: engine effects resolve needs a server holding the job's data
+// (the embedded one stops with this process), and an engine with workers
+// that reach the same services to resume the job. bundled says whether the
+// run started bundled demo services.
+func resolveHint(g *globals, f *runFlags, key string, bundled bool) string {
+	var extra string
+	if g.prefix != kv.DefaultPrefix {
+		extra = " --prefix " + shellQuote(g.prefix)
+	}
+	serveFlags := extra
+	if bundled {
+		serveFlags += " --demo"
+	}
+	for _, svc := range f.steps.services {
+		serveFlags += " --service " + shellQuote(svc)
+	}
+	resolve := fmt.Sprintf("`engine effects resolve %s%s --happened [--external-id ID] [--result FILE]` or `engine effects resolve %s%s --not-happened`",
+		shellQuote(key), extra, shellQuote(key), extra)
+	if g.natsURL != "" {
+		return fmt.Sprintf("run %s with --nats-url %s (the same server); a running engine resumes the job", resolve, shellQuote(g.natsURL))
+	}
+	return fmt.Sprintf("start `engine serve --data-dir %s%s` (or point NATS_URL at your server), then run %s; the engine resumes the job",
+		shellQuote(f.embedded.dataDir), serveFlags, resolve)
+}
+
+// shellQuote quotes s for a POSIX shell when it needs it.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:@=,+") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // printEvent prints one history event as transition lines: step, attempt,
