@@ -54,11 +54,12 @@ type Config struct {
 	// nothing survives a server restart.
 	Memory bool `json:"memory,omitempty"`
 	// QueueStorage is where the work and inbox streams keep their messages:
-	// QueueFile (default) or QueueMemory. Checkpoints, the effect ledger,
+	// QueueFile or QueueMemory; empty means what the deployment already
+	// uses (recorded in the definitions bucket when its queues were first
+	// made), or QueueFile for a new one. Checkpoints, the effect ledger,
 	// definitions and history are always files. Memory queues spare two
 	// synced writes per step; a server restart loses what they held, and
-	// engines then rebuild it from the checkpoints (see Store.QueuesIntact):
-	// every running job's current step is dispatched again.
+	// engines then rebuild it from the checkpoints (see Store.QueuesIntact).
 	QueueStorage string `json:"queue_storage,omitempty"`
 	// Duplicates is the dedup window of the work, inbox and history
 	// streams. Default 2m. Dedup beyond it rests on checkpoints and the
@@ -125,9 +126,6 @@ func (c Config) WithDefaults() Config {
 	if c.EffectRetention == 0 {
 		c.EffectRetention = DefaultHistoryMaxAge
 	}
-	if c.QueueStorage == "" {
-		c.QueueStorage = QueueFile
-	}
 	return c
 }
 
@@ -136,7 +134,7 @@ func (c Config) Validate() error {
 	switch {
 	case !prefixRE.MatchString(c.Prefix):
 		return fmt.Errorf("kv config: prefix %q: want lower-case letters, digits and '_', starting with a letter, at most 32", c.Prefix)
-	case c.QueueStorage != QueueFile && c.QueueStorage != QueueMemory:
+	case c.QueueStorage != "" && c.QueueStorage != QueueFile && c.QueueStorage != QueueMemory:
 		return fmt.Errorf("kv config: queue storage %q: want %q or %q", c.QueueStorage, QueueFile, QueueMemory)
 	case c.Replicas != 1 && c.Replicas != 3 && c.Replicas != 5:
 		return fmt.Errorf("kv config: replicas %d: want 1, 3 or 5", c.Replicas)
@@ -350,9 +348,13 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 			MaxMsgSize:        c.MaxMessageBytes,
 		},
 	}
+	queues, err := s.queueStorage(ctx, defs)
+	if err != nil {
+		return nil, nil, err
+	}
 	for _, sc := range streams {
 		sc.Storage = s.storage()
-		if c.QueueStorage == QueueMemory && sc.Name != n.HistoryStream {
+		if queues == QueueMemory && sc.Name != n.HistoryStream {
 			sc.Storage = jetstream.MemoryStorage
 		}
 		sc.Replicas = c.Replicas
@@ -360,6 +362,9 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 		if err := s.ensureStream(ctx, sc); err != nil {
 			return nil, nil, err
 		}
+	}
+	if err := s.recordQueueStorage(ctx, defs, queues); err != nil {
+		return nil, nil, err
 	}
 	if _, err := s.ensureConsumer(ctx, n.InboxStream, jetstream.ConsumerConfig{
 		Durable:       n.EngineConsumer,
@@ -483,6 +488,39 @@ func (s *Store) ensureConsumer(ctx context.Context, stream string, cfg jetstream
 func (s *Store) Reopen(ctx context.Context) error {
 	_, _, err := s.ensure(ctx)
 	return err
+}
+
+// queueStorageKey records, in the definitions bucket, the queue storage a
+// deployment chose, so that a process started without the setting uses
+// it too (and recreates lost memory queues in memory).
+const queueStorageKey = "meta.queue_storage"
+
+// queueStorage resolves Config.QueueStorage: the setting, else the
+// recorded choice, else QueueFile. It sets s.Config.QueueStorage.
+func (s *Store) queueStorage(ctx context.Context, defs jetstream.KeyValue) (string, error) {
+	if s.Config.QueueStorage == "" {
+		e, err := defs.Get(ctx, queueStorageKey)
+		switch {
+		case err == nil && (string(e.Value()) == QueueFile || string(e.Value()) == QueueMemory):
+			s.Config.QueueStorage = string(e.Value())
+		case err == nil, errors.Is(err, jetstream.ErrKeyNotFound):
+			s.Config.QueueStorage = QueueFile
+		default:
+			return "", fmt.Errorf("read queue storage: %w", err)
+		}
+	}
+	return s.Config.QueueStorage, nil
+}
+
+// recordQueueStorage records the queue storage in use when it changed.
+func (s *Store) recordQueueStorage(ctx context.Context, defs jetstream.KeyValue, queues string) error {
+	if e, err := defs.Get(ctx, queueStorageKey); err == nil && string(e.Value()) == queues {
+		return nil
+	}
+	if _, err := defs.Put(ctx, queueStorageKey, []byte(queues)); err != nil {
+		return fmt.Errorf("record queue storage: %w", err)
+	}
+	return nil
 }
 
 // The queue epoch tells whether the work and inbox queues still hold what

@@ -117,7 +117,7 @@ func TestConfigValidate(t *testing.T) {
 		want := kv.Config{
 			Prefix: "waymark", Replicas: 1, Duplicates: 2 * time.Minute, InboxAckWait: 30 * time.Second,
 			WorkAckWait: 30 * time.Second, WorkMaxDeliver: 20, MaxAckPending: 20000, MaxValueBytes: 1 << 20,
-			MaxMessageBytes: 1 << 20, HistoryMaxAge: 30 * 24 * time.Hour, EffectRetention: 30 * 24 * time.Hour, QueueStorage: kv.QueueFile,
+			MaxMessageBytes: 1 << 20, HistoryMaxAge: 30 * 24 * time.Hour, EffectRetention: 30 * 24 * time.Hour,
 		}
 		if got != want {
 			t.Errorf("WithDefaults = %+v, want %+v", got, want)
@@ -216,8 +216,10 @@ func TestOpenCreatesLayout(t *testing.T) {
 	if n.WorkStream != "WMTEST_WORK" || n.CheckpointBucket != "wmtest_checkpoints" || n.EngineConsumer != "wmtest-engine" {
 		t.Errorf("Names = %+v", n)
 	}
-	if b.store.Config != cfg.WithDefaults() {
-		t.Errorf("Store.Config = %+v, want %+v", b.store.Config, cfg.WithDefaults())
+	wantCfg := cfg.WithDefaults()
+	wantCfg.QueueStorage = kv.QueueFile // resolved: a new deployment's queues are files
+	if b.store.Config != wantCfg {
+		t.Errorf("Store.Config = %+v, want %+v", b.store.Config, wantCfg)
 	}
 
 	streams := []struct {
@@ -510,4 +512,39 @@ func (l lastRead) String() string {
 		return "intact"
 	}
 	return "not intact"
+}
+
+// TestQueueStorageIsRecorded: a deployment made with memory queues is
+// opened without the setting by a client (its queues are used as they
+// are), recreates lost queues in memory after a restart, and refuses an
+// explicit setting that disagrees with existing streams.
+func TestQueueStorageIsRecorded(t *testing.T) {
+	t.Parallel()
+	srv := testsupport.StartServer(t, testsupport.ServerOptions{TCP: true})
+	srv.Store(t, kv.Config{QueueStorage: kv.QueueMemory})
+	c := ctx(t)
+
+	client := srv.Store(t, kv.Config{})
+	if client.Config.QueueStorage != kv.QueueMemory {
+		t.Fatalf("a client without the setting resolved %q; want the recorded memory", client.Config.QueueStorage)
+	}
+	_, err := kv.Open(c, newJS(t, srv), kv.Config{QueueStorage: kv.QueueFile}, nil)
+	if !errors.Is(err, kv.ErrIncompatible) || !strings.Contains(err.Error(), "WAYMARK_QUEUE_STORAGE") {
+		t.Fatalf("explicit file over memory streams: %v; want ErrIncompatible naming WAYMARK_QUEUE_STORAGE", err)
+	}
+
+	srv.Restart(t) // the memory queues are gone
+	after := srv.Store(t, kv.Config{})
+	if after.Config.QueueStorage != kv.QueueMemory {
+		t.Fatalf("after a restart, resolved %q; want memory", after.Config.QueueStorage)
+	}
+	rc, cancel := context.WithTimeout(c, 5*time.Second)
+	defer cancel()
+	st, err := after.JS.Stream(rc, after.Names.WorkStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st.CachedInfo().Config.Storage; got != jetstream.MemoryStorage {
+		t.Errorf("work stream recreated with %v storage; want memory, as recorded", got)
+	}
 }
