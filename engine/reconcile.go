@@ -180,41 +180,21 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 }
 
 func (e *Engine) loseAttempt(ctx context.Context, ent kv.Entry, now time.Time) error {
-	cp := ent.Checkpoint
-	p := &plan{job: cp.JobID, base: &cached{cp: cp, rev: ent.Revision}, fresh: true}
-	if err := e.definition(ctx, p, cp.DefinitionHash); err != nil {
-		return err
-	}
-	next := cloneCheckpoint(cp)
-	cur := next.Current
+	cur := ent.Checkpoint.Current
 	waited := now.Sub(cur.DispatchedAt).Round(time.Millisecond)
-	res := &schemas.StepResult{Job: cp.JobID, Step: cur.Step, Attempt: cur.Attempt, Error: &schemas.Error{
-		Code: schemas.CodeTimeout, Retryable: true,
-		Message: fmt.Sprintf("no result %v after dispatch: the attempt is declared lost", waited),
-	}}
-	if _, evs := applyResult(p.def, next, res, now); len(evs) > 0 {
-		next.Seq = cp.Seq + 1
-		next.UpdatedAt = now
-		next.Cause = "reconcile/" + cur.MsgID
-		next.Writer = e.incarnation
-		next.Events = append(append([]schemas.Event(nil), cp.Events...), stamp(evs, next.Seq, now)...)
-		p.next = next
-		p.dispatch = next.Current != nil
-		p.flush = true
+	written, err := e.transitionOne(ctx, ent, "reconcile/"+cur.MsgID, now, true, func(c *compiled, next *schemas.Checkpoint) []event {
+		res := &schemas.StepResult{Job: next.JobID, Step: cur.Step, Attempt: cur.Attempt, Error: &schemas.Error{
+			Code: schemas.CodeTimeout, Retryable: true,
+			Message: fmt.Sprintf("no result %v after dispatch: the attempt is declared lost", waited),
+		}}
+		_, evs := applyResult(c, next, res, now)
+		return evs
+	})
+	if written {
+		e.ctr.lost.Add(1)
+		e.log.Warn("declared attempt lost", "job", ent.Checkpoint.JobID, "step", cur.Step, "attempt", cur.Attempt, "waited", waited)
 	}
-	if p.next == nil {
-		return nil
-	}
-	if conflicts := e.write(ctx, []*plan{p}); len(conflicts) > 0 {
-		return nil // the job moved on: nothing is lost
-	}
-	if p.err != nil {
-		return p.err
-	}
-	e.ctr.lost.Add(1)
-	e.log.Warn("declared attempt lost", "job", cp.JobID, "step", cur.Step, "attempt", cur.Attempt, "waited", waited)
-	e.finishPublish(ctx, e.startPublish([]*plan{p}))
-	return p.err
+	return err
 }
 
 // poolBacklogged reports whether pool's queue may still hold undelivered
@@ -239,26 +219,46 @@ func (e *Engine) poolBacklogged(ctx context.Context, pool string) bool {
 // startPending starts a job its client created but no engine started (the
 // start request was lost), with a compare-and-swap on the revision read.
 func (e *Engine) startPending(ctx context.Context, ent kv.Entry, now time.Time) error {
+	// The cause is not the start request's id: that request, if it arrives
+	// after all, must read as a late duplicate, not as a redelivery to act
+	// on again.
+	written, err := e.transitionOne(ctx, ent, "reconcile/start", now, false, func(c *compiled, next *schemas.Checkpoint) []event {
+		return startJob(c, next, now)
+	})
+	if written {
+		e.ctr.jobsStarted.Add(1)
+		e.log.Info("started a pending job whose start request was lost", "job", ent.Checkpoint.JobID)
+	}
+	return err
+}
+
+// transitionOne writes one transition that the engine decided by itself
+// (the reconciler, a requeue) rather than from an inbox message: apply
+// changes a copy of ent's checkpoint and returns its events (none: nothing
+// to write). The write is a compare-and-swap on ent's revision; a job that
+// moved on meanwhile is left alone (written false, no error). Then the
+// dispatch, if any, and, with flush, the events are published; err is the
+// first failure of the write or the publications.
+func (e *Engine) transitionOne(ctx context.Context, ent kv.Entry, cause string, now time.Time, flush bool,
+	apply func(c *compiled, next *schemas.Checkpoint) []event) (written bool, err error) {
 	cp := ent.Checkpoint
 	p := &plan{job: cp.JobID, base: &cached{cp: cp, rev: ent.Revision}, fresh: true}
 	if err := e.definition(ctx, p, cp.DefinitionHash); err != nil {
-		return err
+		return false, err
 	}
 	next := cloneCheckpoint(cp)
-	evs := startJob(p.def, next, now)
-	next.Seq, next.UpdatedAt, next.Writer = cp.Seq+1, now, e.incarnation
-	// Not the start request's id: that request, if it arrives after all,
-	// must read as a late duplicate, not as a redelivery to act on again.
-	next.Cause = "reconcile/start"
-	next.Events = append(next.Events, stamp(evs, next.Seq, now)...)
-	p.next, p.dispatch, p.flush = next, true, false
-	if conflicts := e.write(ctx, []*plan{p}); len(conflicts) > 0 || p.err != nil {
-		return p.err // a conflict: someone started it meanwhile
+	evs := apply(p.def, next)
+	if len(evs) == 0 {
+		return false, nil
 	}
-	e.ctr.jobsStarted.Add(1)
-	e.log.Info("started a pending job whose start request was lost", "job", cp.JobID)
+	next.Seq, next.UpdatedAt, next.Writer, next.Cause = cp.Seq+1, now, e.incarnation, cause
+	next.Events = append(next.Events, stamp(evs, next.Seq, now)...)
+	p.next, p.dispatch, p.flush = next, next.Current != nil, flush
+	if conflicts := e.write(ctx, []*plan{p}); len(conflicts) > 0 || p.err != nil {
+		return false, p.err
+	}
 	e.finishPublish(ctx, e.startPublish([]*plan{p}))
-	return p.err
+	return true, p.err
 }
 
 // Requeue dispatches again, from the checkpoints, the step messages that
@@ -330,48 +330,26 @@ func (e *Engine) Requeue(ctx context.Context, lostAt time.Time) (waiting int, er
 // message was lost, and publishes it. A job that moved on meanwhile is
 // left alone.
 func (e *Engine) redispatch(ctx context.Context, ent kv.Entry, now time.Time) error {
-	cp := ent.Checkpoint
-	p := &plan{job: cp.JobID, base: &cached{cp: cp, rev: ent.Revision}, fresh: true}
-	if err := e.definition(ctx, p, cp.DefinitionHash); err != nil {
-		return err
-	}
-	next := cloneCheckpoint(cp)
-	ev := redispatchLost(next, now)
-	next.Seq, next.UpdatedAt, next.Writer = cp.Seq+1, now, e.incarnation
-	next.Cause = "requeue/" + cp.Current.MsgID
-	next.Events = append(next.Events, stamp([]event{ev}, next.Seq, now)...)
-	p.next, p.dispatch, p.flush = next, true, false
-	if conflicts := e.write(ctx, []*plan{p}); len(conflicts) > 0 || p.err != nil {
-		return p.err
-	}
-	e.finishPublish(ctx, e.startPublish([]*plan{p}))
-	if p.err == nil {
+	written, err := e.transitionOne(ctx, ent, "requeue/"+ent.Checkpoint.Current.MsgID, now, false, func(_ *compiled, next *schemas.Checkpoint) []event {
+		return []event{redispatchLost(next, now)}
+	})
+	if written && err == nil {
 		e.ctr.requeued.Add(1)
 	}
-	return p.err
+	return err
 }
 
 // resumeResolved unblocks a job whose effect was resolved while the signal
 // that says so was lost.
 func (e *Engine) resumeResolved(ctx context.Context, ent kv.Entry, now time.Time) error {
-	cp := ent.Checkpoint
-	eff, err := e.store.Effects.Get(ctx, cp.Blocked.EffectKey)
+	key := ent.Checkpoint.Blocked.EffectKey
+	eff, err := e.store.Effects.Get(ctx, key)
 	if err != nil || eff.Record.State != schemas.EffectReconciled {
 		return nil // still waiting for a person
 	}
-	p := &plan{job: cp.JobID, base: &cached{cp: cp, rev: ent.Revision}, fresh: true}
-	if err := e.definition(ctx, p, cp.DefinitionHash); err != nil {
-		return err
-	}
-	next := cloneCheckpoint(cp)
-	_, evs := applySignal(p.def, next, &schemas.Signal{Job: cp.JobID, Type: schemas.SignalEffectResolved, Key: cp.Blocked.EffectKey, By: eff.Record.ReconciledBy}, now)
-	next.Seq, next.UpdatedAt, next.Writer = cp.Seq+1, now, e.incarnation
-	next.Cause = "reconcile/resolved/" + cp.Blocked.EffectKey
-	next.Events = append(next.Events, stamp(evs, next.Seq, now)...)
-	p.next, p.dispatch = next, next.Current != nil
-	if conflicts := e.write(ctx, []*plan{p}); len(conflicts) > 0 || p.err != nil {
-		return p.err
-	}
-	e.finishPublish(ctx, e.startPublish([]*plan{p}))
-	return p.err
+	_, err = e.transitionOne(ctx, ent, "reconcile/resolved/"+key, now, false, func(c *compiled, next *schemas.Checkpoint) []event {
+		_, evs := applySignal(c, next, &schemas.Signal{Job: next.JobID, Type: schemas.SignalEffectResolved, Key: key, By: eff.Record.ReconciledBy}, now)
+		return evs
+	})
+	return err
 }
