@@ -2,6 +2,7 @@ package demo
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -25,6 +26,33 @@ type line struct {
 	no   int   // 1-based line number, for messages
 	off  int64 // offset of its first byte
 	data []byte
+}
+
+// replayJournal opens the journal at path (see openJournal), reporting a
+// torn last line it cut off as a repair of s, and hands each line, decoded
+// as a T, to each in order. A line that does not decode, or that each
+// refuses, makes the file corrupt: ErrCorrupt naming the file and line, and
+// the journal is closed.
+func replayJournal[T any](s *Service, path string, each func(l line, v T) error) (*journal, error) {
+	j, lines, torn, err := openJournal(path)
+	if err != nil {
+		return nil, err
+	}
+	if torn {
+		s.repaired(path, "a torn last line")
+	}
+	for _, l := range lines {
+		var v T
+		err := json.Unmarshal(l.data, &v)
+		if err == nil {
+			err = each(l, v)
+		}
+		if err != nil {
+			_ = j.close()
+			return nil, fmt.Errorf("%w: %s line %d: %v", ErrCorrupt, path, l.no, err)
+		}
+	}
+	return j, nil
 }
 
 // openJournal opens or creates path and returns its complete lines (blank

@@ -1,7 +1,6 @@
 package demo
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"path/filepath"
@@ -55,28 +54,16 @@ func messageID(i int) string { return fmt.Sprintf("msg_%06d", i+1) }
 func (m *mail) open(s *Service, dir string) error {
 	m.s = s
 	path := filepath.Join(dir, outboxFile)
-	j, lines, torn, err := openJournal(path)
-	if err != nil {
-		return err
-	}
-	if torn {
-		s.repaired(path, "a torn last line")
-	}
-	for _, l := range lines {
-		var msg Message
-		err := json.Unmarshal(l.data, &msg)
-		if want := messageID(len(m.list)); err == nil && msg.ID != want {
-			err = fmt.Errorf("message id %q; want %q", msg.ID, want)
-		}
-		if err != nil {
-			_ = j.close()
-			return fmt.Errorf("%w: %s line %d: %v", ErrCorrupt, path, l.no, err)
+	j, err := replayJournal(s, path, func(_ line, msg Message) error {
+		if want := messageID(len(m.list)); msg.ID != want {
+			return fmt.Errorf("message id %q; want %q", msg.ID, want)
 		}
 		m.list = append(m.list, msg)
 		s.effectN[msg.Key]++
-	}
+		return nil
+	})
 	m.data = j
-	return nil
+	return err
 }
 
 // mailKey is the key a mail call counts under: its Idempotency-Key, else

@@ -1,7 +1,6 @@
 package demo
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"path/filepath"
@@ -64,28 +63,16 @@ func chargeID(i int) string { return fmt.Sprintf("ch_%06d", i+1) }
 func (p *payments) open(s *Service, dir string) error {
 	p.s, p.byID, p.replays = s, map[string]int{}, map[string]stored{}
 	path := filepath.Join(dir, chargesFile)
-	j, lines, torn, err := openJournal(path)
-	if err != nil {
-		return err
-	}
-	if torn {
-		s.repaired(path, "a torn last line")
-	}
-	for _, l := range lines {
-		var c chargeLine
-		err := json.Unmarshal(l.data, &c)
-		if want := chargeID(len(p.list)); err == nil && c.ID != want {
-			err = fmt.Errorf("charge id %q; want %q", c.ID, want)
-		}
-		if err != nil {
-			_ = j.close()
-			return fmt.Errorf("%w: %s line %d: %v", ErrCorrupt, path, l.no, err)
+	j, err := replayJournal(s, path, func(_ line, c chargeLine) error {
+		if want := chargeID(len(p.list)); c.ID != want {
+			return fmt.Errorf("charge id %q; want %q", c.ID, want)
 		}
 		p.add(c)
 		s.effectN[c.IdempotencyKey]++
-	}
+		return nil
+	})
 	p.data = j
-	return nil
+	return err
 }
 
 // add records a committed charge in memory. With s.mu held, or during open.

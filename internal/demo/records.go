@@ -55,37 +55,27 @@ func recordID(i int) string { return fmt.Sprintf("rec_%06d", i+1) }
 func (rs *records) open(s *Service, dir string) error {
 	rs.s, rs.byKey = s, map[string]int{}
 	path := filepath.Join(dir, recordsFile)
-	j, lines, torn, err := openJournal(path)
-	if err != nil {
-		return err
-	}
-	if torn {
-		s.repaired(path, "a torn last line")
-	}
-	for _, l := range lines {
-		var rec Record
-		err := json.Unmarshal(l.data, &rec)
-		if want := recordID(len(rs.list)); err == nil && rec.ID != want {
-			err = fmt.Errorf("record id %q; want %q", rec.ID, want)
+	j, err := replayJournal(s, path, func(_ line, rec Record) error {
+		if want := recordID(len(rs.list)); rec.ID != want {
+			return fmt.Errorf("record id %q; want %q", rec.ID, want)
 		}
-		if _, dup := rs.byKey[rec.Key]; err == nil && dup {
-			err = fmt.Errorf("key %q written twice", rec.Key)
+		if _, dup := rs.byKey[rec.Key]; dup {
+			return fmt.Errorf("key %q written twice", rec.Key)
 		}
-		if err == nil {
-			// The stored body is canonical unless someone edited the file;
-			// comparisons need it canonical.
-			rec.Body, err = canonical(rec.Body)
-		}
+		// The stored body is canonical unless someone edited the file;
+		// comparisons need it canonical.
+		body, err := canonical(rec.Body)
 		if err != nil {
-			_ = j.close()
-			return fmt.Errorf("%w: %s line %d: %v", ErrCorrupt, path, l.no, err)
+			return err
 		}
+		rec.Body = body
 		rs.byKey[rec.Key] = len(rs.list)
 		rs.list = append(rs.list, rec)
 		s.effectN[rec.Key]++
-	}
+		return nil
+	})
 	rs.data = j
-	return nil
+	return err
 }
 
 func (rs *records) key(r *http.Request) (string, *httpError) {

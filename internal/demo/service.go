@@ -1,7 +1,6 @@
 package demo
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -160,23 +159,12 @@ type callRecord struct {
 
 func (s *Service) openCalls() error {
 	path := filepath.Join(s.opts.Dir, callsFile)
-	j, lines, torn, err := openJournal(path)
-	if err != nil {
-		return err
-	}
-	if torn {
-		s.repaired(path, "a torn last line")
-	}
-	for _, l := range lines {
-		var c callRecord
-		if err := json.Unmarshal(l.data, &c); err != nil {
-			_ = j.close()
-			return fmt.Errorf("%w: %s line %d: %v", ErrCorrupt, path, l.no, err)
-		}
+	j, err := replayJournal(s, path, func(_ line, c callRecord) error {
 		s.callN[c.Key]++
-	}
+		return nil
+	})
 	s.calls = j
-	return nil
+	return err
 }
 
 // repaired logs that open cut an unacknowledged tail off path.

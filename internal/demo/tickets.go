@@ -83,37 +83,22 @@ func ticketID(i int) string { return fmt.Sprintf("WM-%d", FirstTicketNumber+i) }
 func (t *tickets) open(s *Service, dir string) error {
 	t.s, t.byID, t.replays = s, map[string]int{}, map[string]stored{}
 	path := filepath.Join(dir, ticketsFile)
-	j, lines, torn, err := openJournal(path)
-	if err != nil {
-		return err
-	}
-	if torn {
-		s.repaired(path, "a torn last line")
-	}
-	corrupt := func(l line, format string, args ...any) error {
-		_ = j.close()
-		return fmt.Errorf("%w: %s line %d: %s", ErrCorrupt, path, l.no, fmt.Sprintf(format, args...))
-	}
 	var batch []Ticket
 	var batchOff int64
-	for _, l := range lines {
-		var tk Ticket
-		if err := json.Unmarshal(l.data, &tk); err != nil {
-			return corrupt(l, "%v", err)
-		}
+	j, err := replayJournal(s, path, func(l line, tk Ticket) error {
 		if want := ticketID(len(t.list) + len(batch)); tk.ID != want {
-			return corrupt(l, "ticket id %q; want %q", tk.ID, want)
+			return fmt.Errorf("ticket id %q; want %q", tk.ID, want)
 		}
 		if tk.BatchSize < 1 || tk.Batch < 1 || tk.Batch > tk.BatchSize {
-			return corrupt(l, "ticket %s is %d of %d in its batch", tk.ID, tk.Batch, tk.BatchSize)
+			return fmt.Errorf("ticket %s is %d of %d in its batch", tk.ID, tk.Batch, tk.BatchSize)
 		}
 		switch {
 		case tk.Batch == 1 && len(batch) > 0:
-			return corrupt(l, "the batch of key %q ends after %d of %d tickets", batch[0].IdempotencyKey, len(batch), batch[0].BatchSize)
+			return fmt.Errorf("the batch of key %q ends after %d of %d tickets", batch[0].IdempotencyKey, len(batch), batch[0].BatchSize)
 		case tk.Batch == 1:
 			batchOff = l.off
 		case len(batch) == 0 || tk.Batch != len(batch)+1 || tk.IdempotencyKey != batch[0].IdempotencyKey || tk.BatchSize != batch[0].BatchSize:
-			return corrupt(l, "ticket %s (%d of %d, key %q) does not continue its batch", tk.ID, tk.Batch, tk.BatchSize, tk.IdempotencyKey)
+			return fmt.Errorf("ticket %s (%d of %d, key %q) does not continue its batch", tk.ID, tk.Batch, tk.BatchSize, tk.IdempotencyKey)
 		}
 		batch = append(batch, tk)
 		if len(batch) == tk.BatchSize {
@@ -121,6 +106,10 @@ func (t *tickets) open(s *Service, dir string) error {
 			s.effectN[tk.IdempotencyKey]++
 			batch = nil
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if len(batch) > 0 {
 		// A batch is written in one write; a part of one at the end is a
