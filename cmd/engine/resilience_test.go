@@ -71,7 +71,13 @@ func resilLogger(t *testing.T) *slog.Logger {
 // The reconciler is off: these tests are about other recovery paths.
 func resilEngine(t *testing.T, store *kv.Store, log *slog.Logger) *engine.Engine {
 	t.Helper()
-	e, err := engine.New(engine.Config{Store: store, Logger: log, ReconcileInterval: -1})
+	return resilRunEngine(t, engine.Config{Store: store, Logger: log, ReconcileInterval: -1})
+}
+
+// resilRunEngine runs an engine with cfg until the test ends.
+func resilRunEngine(t *testing.T, cfg engine.Config) *engine.Engine {
+	t.Helper()
+	e, err := engine.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +97,13 @@ func resilEngine(t *testing.T, store *kv.Store, log *slog.Logger) *engine.Engine
 // ends, running up to concurrency steps at once (0: the default).
 func resilWorker(t *testing.T, store *kv.Store, env *steps.Env, fp *failpoint.Set, id string, concurrency int, log *slog.Logger) *steps.Worker {
 	t.Helper()
-	w, err := steps.NewWorker(steps.WorkerConfig{Store: store, Env: env, ID: id, Failpoints: fp, Concurrency: concurrency, Logger: log})
+	return resilRunWorker(t, steps.WorkerConfig{Store: store, Env: env, ID: id, Failpoints: fp, Concurrency: concurrency, Logger: log})
+}
+
+// resilRunWorker runs a worker with cfg until the test ends.
+func resilRunWorker(t *testing.T, cfg steps.WorkerConfig) *steps.Worker {
+	t.Helper()
+	w, err := steps.NewWorker(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +112,7 @@ func resilWorker(t *testing.T, store *kv.Store, env *steps.Env, fp *failpoint.Se
 	go func() {
 		defer close(done)
 		if err := w.Run(ctx); err != nil {
-			t.Errorf("worker %s: %v", id, err)
+			t.Errorf("worker %s: %v", cfg.ID, err)
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done })
@@ -110,20 +122,7 @@ func resilWorker(t *testing.T, store *kv.Store, env *steps.Env, fp *failpoint.Se
 // resilPoolWorker runs an in-process worker of pool until the test ends.
 func resilPoolWorker(t *testing.T, store *kv.Store, env *steps.Env, id, pool string, log *slog.Logger) *steps.Worker {
 	t.Helper()
-	w, err := steps.NewWorker(steps.WorkerConfig{Store: store, Env: env, ID: id, Pool: pool, Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := w.Run(ctx); err != nil {
-			t.Errorf("worker %s: %v", id, err)
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	return w
+	return resilRunWorker(t, steps.WorkerConfig{Store: store, Env: env, ID: id, Pool: pool, Logger: log})
 }
 
 func resilFailpoints(t *testing.T, spec string) *failpoint.Set {
@@ -1184,14 +1183,7 @@ func TestMemoryQueuesLostInARestart(t *testing.T) {
 	client := engine.NewClient(store)
 	svc := newResilKeyCounter(t)
 	const grace = 500 * time.Millisecond
-	eng, err := engine.New(engine.Config{Store: srv.Store(t, cfg), Logger: log, ReconcileInterval: -1, StallGrace: grace})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ectx, stopEngine := context.WithCancel(context.Background())
-	engDone := make(chan struct{})
-	go func() { defer close(engDone); _ = eng.Run(ectx) }()
-	t.Cleanup(func() { stopEngine(); <-engDone })
+	eng := resilRunEngine(t, engine.Config{Store: srv.Store(t, cfg), Logger: log, ReconcileInterval: -1, StallGrace: grace})
 	env := &steps.Env{Services: map[string]string{"svc": svc.srv.URL}}
 	w := resilWorker(t, srv.Store(t, cfg), env, nil, "worker", 0, log)
 
