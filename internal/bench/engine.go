@@ -11,8 +11,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/waymark-dev/waymark/engine"
 	"github.com/waymark-dev/waymark/internal/natsserver"
 	"github.com/waymark-dev/waymark/kv"
@@ -23,15 +21,11 @@ import (
 // runEngine runs cfg's jobs through Waymark: an engine and a worker in
 // this process, jobs started through the Client as users start them.
 func runEngine(ctx context.Context, cfg Config, srv *natsserver.Server, rec *recorder) error {
-	nc, err := srv.Connect("bench")
+	nc, js, err := srv.JetStream("bench")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	store, err := kv.Open(ctx, js, kv.Config{QueueStorage: cfg.Queues}, cfg.Logger)
 	if err != nil {
 		return err

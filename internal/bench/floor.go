@@ -21,15 +21,11 @@ import (
 // consume and ack by the "engine" side. Written the plain way: every call
 // waits for its acknowledgement, and jobs run in parallel on goroutines.
 func runFloor(ctx context.Context, cfg Config, srv *natsserver.Server, rec *recorder) error {
-	nc, err := srv.Connect("floor")
+	nc, js, err := srv.JetStream("floor")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	cps, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "floor_checkpoints", History: 1})
 	if err != nil {
 		return err

@@ -123,15 +123,11 @@ func RunScale(ctx context.Context, cfg ScaleConfig) (*ScaleResult, error) {
 		srv.Stop(sctx)
 		cancel()
 	}()
-	nc, err := srv.Connect("bench-scale")
+	nc, js, err := srv.JetStream("bench-scale")
 	if err != nil {
 		return nil, err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
 	store, err := kv.Open(ctx, js, kv.Config{}, cfg.Logger)
 	if err != nil {
 		return nil, err

@@ -30,8 +30,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/waymark-dev/waymark/engine"
 	"github.com/waymark-dev/waymark/internal/demo"
 	"github.com/waymark-dev/waymark/internal/failpoint"
@@ -235,15 +233,11 @@ func runCase(ctx context.Context, cfg Config, def *schemas.Definition, input jso
 	for k, v := range services {
 		serviceArgs = append(serviceArgs, "--service="+k+"="+v)
 	}
-	nc, err := srv.Connect("crashtest")
+	nc, js, err := srv.JetStream("crashtest")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	store, err := kv.Open(ctx, js, caseKV, nil)
 	if err != nil {
 		return err

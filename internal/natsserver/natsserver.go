@@ -18,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Sync policies for JetStream writes.
@@ -193,6 +194,21 @@ func (s *Server) Connect(name string, extra ...nats.Option) (*nats.Conn, error) 
 		return nats.Connect("", opts...)
 	}
 	return nats.Connect(s.ClientURL(), opts...)
+}
+
+// JetStream opens a connection (see Connect) and its JetStream context.
+// The caller closes the connection.
+func (s *Server) JetStream(name string, extra ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := s.Connect(name, extra...)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
 }
 
 // Stop shuts the server down and waits for it, bounded by ctx.
