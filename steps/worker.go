@@ -257,12 +257,8 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 		return
 	}
 	if ps.missingKind {
-		// Another worker of the pool may have the kind (a custom worker
-		// beside engine serve's built-in one): hand the step back rather
-		// than fail it. A pool where none has it ends in the dead-letter
-		// path after the work consumer's max deliveries.
-		log.Warn("this worker lacks the step's kind; handing the step back", "kind", ps.step.Kind, "err", ps.err)
-		_ = m.NakWithDelay(min(max(w.store.Config.WorkAckWait/6, 100*time.Millisecond), 5*time.Second))
+		// A custom worker beside engine serve's built-in one, say.
+		w.handBack(m, log, "this worker lacks the step's kind; handing the step back", "kind", ps.step.Kind)
 		return
 	}
 	if replayedPure && ps.step != nil && ps.def.EffectOf(ps.step) == schemas.EffectPure {
@@ -271,11 +267,7 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 	res, stale := w.run(ctx, m, ps, sm, delivered, log)
 	var missing *MissingServiceError
 	if res != nil && res.Error != nil && errors.As(res.Error, &missing) {
-		// Another worker of the pool may have the service: hand the step
-		// back rather than fail it. A pool where none has it ends in the
-		// dead-letter path after the work consumer's max deliveries.
-		log.Warn("this worker lacks a service the step needs; handing the step back", "service", missing.Name)
-		_ = m.NakWithDelay(min(max(w.store.Config.WorkAckWait/6, 100*time.Millisecond), 5*time.Second))
+		w.handBack(m, log, "this worker lacks a service the step needs; handing the step back", "service", missing.Name)
 		return
 	}
 	if stale {
@@ -592,4 +584,13 @@ func (w *Worker) Stats() WorkerStats {
 	return WorkerStats{ReplayedEffects: c.replayedEffects.Load(), ReplayedPure: c.replayedPure.Load(), AmbiguousEffects: c.ambiguousEffects.Load(), SettledLate: c.settledLate.Load(), Stale: c.stale.Load(),
 		Started: c.started.Load(), Succeeded: c.succeeded.Load(), Failed: c.failed.Load(),
 		Redeliveries: c.redeliveries.Load(), Held: c.held.Load(), Published: c.published.Load(), Heartbeats: c.heartbeats.Load()}
+}
+
+// handBack gives a step this worker cannot perform (it lacks the kind or a
+// service) back to the pool, where another worker may have what it needs,
+// rather than failing it. A pool where none has it ends in the dead-letter
+// path after the work consumer's max deliveries.
+func (w *Worker) handBack(m jetstream.Msg, log *lazyLog, msg string, args ...any) {
+	log.Warn(msg, args...)
+	_ = m.NakWithDelay(min(max(w.store.Config.WorkAckWait/6, 100*time.Millisecond), 5*time.Second))
 }
