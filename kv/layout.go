@@ -348,7 +348,7 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 			MaxMsgSize:        c.MaxMessageBytes,
 		},
 	}
-	queues, err := s.queueStorage(ctx, defs)
+	queues, recorded, err := s.queueStorage(ctx, defs)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -363,8 +363,10 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 			return nil, nil, err
 		}
 	}
-	if err := s.recordQueueStorage(ctx, defs, queues); err != nil {
-		return nil, nil, err
+	if recorded != queues {
+		if _, err := defs.Put(ctx, queueStorageKey, []byte(queues)); err != nil {
+			return nil, nil, fmt.Errorf("record queue storage: %w", err)
+		}
 	}
 	if _, err := s.ensureConsumer(ctx, n.InboxStream, jetstream.ConsumerConfig{
 		Durable:       n.EngineConsumer,
@@ -496,31 +498,23 @@ func (s *Store) Reopen(ctx context.Context) error {
 const queueStorageKey = "meta.queue_storage"
 
 // queueStorage resolves Config.QueueStorage: the setting, else the
-// recorded choice, else QueueFile. It sets s.Config.QueueStorage.
-func (s *Store) queueStorage(ctx context.Context, defs jetstream.KeyValue) (string, error) {
+// recorded choice, else QueueFile. It sets s.Config.QueueStorage and
+// returns the recorded choice too ("" when none).
+func (s *Store) queueStorage(ctx context.Context, defs jetstream.KeyValue) (resolved, recorded string, err error) {
+	e, err := defs.Get(ctx, queueStorageKey)
+	switch {
+	case err == nil:
+		recorded = string(e.Value())
+	case !errors.Is(err, jetstream.ErrKeyNotFound):
+		return "", "", fmt.Errorf("read queue storage: %w", err)
+	}
 	if s.Config.QueueStorage == "" {
-		e, err := defs.Get(ctx, queueStorageKey)
-		switch {
-		case err == nil && (string(e.Value()) == QueueFile || string(e.Value()) == QueueMemory):
-			s.Config.QueueStorage = string(e.Value())
-		case err == nil, errors.Is(err, jetstream.ErrKeyNotFound):
-			s.Config.QueueStorage = QueueFile
-		default:
-			return "", fmt.Errorf("read queue storage: %w", err)
+		s.Config.QueueStorage = QueueFile
+		if recorded == QueueFile || recorded == QueueMemory {
+			s.Config.QueueStorage = recorded
 		}
 	}
-	return s.Config.QueueStorage, nil
-}
-
-// recordQueueStorage records the queue storage in use when it changed.
-func (s *Store) recordQueueStorage(ctx context.Context, defs jetstream.KeyValue, queues string) error {
-	if e, err := defs.Get(ctx, queueStorageKey); err == nil && string(e.Value()) == queues {
-		return nil
-	}
-	if _, err := defs.Put(ctx, queueStorageKey, []byte(queues)); err != nil {
-		return fmt.Errorf("record queue storage: %w", err)
-	}
-	return nil
+	return s.Config.QueueStorage, recorded, nil
 }
 
 // The queue epoch tells whether the work and inbox queues still hold what
