@@ -161,6 +161,7 @@ func registerEngineMetrics(reg *prometheus.Registry, e *engine.Engine) {
 	counter("effects_reconciled", "Ambiguous effects resolved by a person, setting their job going again.", func(s engine.Stats) uint64 { return s.EffectsResolved })
 	counter("dead_letters", "Step messages that reached the work consumer's max deliveries (poison steps).", func(s engine.Stats) uint64 { return s.DeadLetters })
 	counter("effects_swept", "Effect records removed after their retention.", func(s engine.Stats) uint64 { return s.EffectsSwept })
+	counter("requeued", "Steps dispatched again because the queues were lost (memory queues, server restart).", func(s engine.Stats) uint64 { return s.Requeued })
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "waymark", Subsystem: "engine", Name: "oldest_running_checkpoint_age_seconds",
 		Help: "Time since the oldest running job's checkpoint was written, at the last reconcile pass (snapshot age).",
