@@ -111,23 +111,13 @@ func (p *payments) serve(w http.ResponseWriter, r *http.Request) {
 		p.s.mu.Unlock()
 		writeJSON(w, http.StatusOK, list)
 	case strings.HasPrefix(path, "/v1/charges/"):
-		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			methodNotAllowed(w, "GET, HEAD")
-			return
-		}
-		id := pathID(r, "/v1/charges/")
-		p.s.mu.Lock()
-		i, ok := p.byID[id]
-		var c Charge
-		if ok {
-			c = p.list[i]
-		}
-		p.s.mu.Unlock()
-		if !ok {
-			writeError(w, errorf(http.StatusNotFound, CodeNotFound, "no charge %q", id))
-			return
-		}
-		writeJSON(w, http.StatusOK, c)
+		serveItem(w, r, p.s, "/v1/charges/", "charge", func(id string) (Charge, bool) {
+			i, ok := p.byID[id]
+			if !ok {
+				return Charge{}, false
+			}
+			return p.list[i], true
+		})
 	default:
 		notFound(w, r)
 	}

@@ -494,3 +494,22 @@ func pathID(r *http.Request, prefix string) string {
 	}
 	return id
 }
+
+// serveItem answers GET or HEAD base{id} with the item lookup finds (run
+// with s.mu held), 404 naming the noun when there is none, 405 for other
+// methods.
+func serveItem[T any](w http.ResponseWriter, r *http.Request, s *Service, base, noun string, lookup func(id string) (T, bool)) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		methodNotAllowed(w, "GET, HEAD")
+		return
+	}
+	id := pathID(r, base)
+	s.mu.Lock()
+	item, ok := lookup(id)
+	s.mu.Unlock()
+	if !ok {
+		writeError(w, errorf(http.StatusNotFound, CodeNotFound, "no %s %q", noun, id))
+		return
+	}
+	writeJSON(w, http.StatusOK, item)
+}

@@ -170,23 +170,13 @@ func (t *tickets) serve(w http.ResponseWriter, r *http.Request) {
 		t.s.mu.Unlock()
 		writeJSON(w, http.StatusOK, list)
 	case strings.HasPrefix(p, "/v1/tickets/"):
-		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			methodNotAllowed(w, "GET, HEAD")
-			return
-		}
-		id := pathID(r, "/v1/tickets/")
-		t.s.mu.Lock()
-		i, ok := t.byID[id]
-		var tk Ticket
-		if ok {
-			tk = t.list[i]
-		}
-		t.s.mu.Unlock()
-		if !ok {
-			writeError(w, errorf(http.StatusNotFound, CodeNotFound, "no ticket %q", id))
-			return
-		}
-		writeJSON(w, http.StatusOK, tk)
+		serveItem(w, r, t.s, "/v1/tickets/", "ticket", func(id string) (Ticket, bool) {
+			i, ok := t.byID[id]
+			if !ok {
+				return Ticket{}, false
+			}
+			return t.list[i], true
+		})
 	default:
 		notFound(w, r)
 	}
