@@ -2,11 +2,8 @@ package engine
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"time"
 
 	"github.com/expr-lang/expr"
@@ -33,69 +30,17 @@ const (
 	outcomeAttached                // a start for a job that exists: nothing to do
 )
 
-// checkInput checks a job input against the definition's input and state
-// schemas and returns it ({} when empty). Errors: schemas.ErrInputInvalid.
-func checkInput(c *compiled, input json.RawMessage) (json.RawMessage, error) {
-	var compact bytes.Buffer
-	if len(bytes.TrimSpace(input)) == 0 {
-		input = json.RawMessage("{}")
-	}
-	if err := json.Compact(&compact, input); err != nil {
-		return nil, schemas.Errorf(schemas.CodeInputInvalid, "input is not JSON: %v", err)
-	}
-	input = compact.Bytes()
-	if input[0] != '{' {
-		return nil, schemas.Errorf(schemas.CodeInputInvalid, "input must be a JSON object")
-	}
-	if c.input == nil && c.state == nil {
-		return input, nil
-	}
-	doc, err := decodePlain(input)
-	if err != nil {
-		return nil, schemas.Errorf(schemas.CodeInputInvalid, "input is not JSON: %v", err)
-	}
-	if err := c.input.Validate(doc); err != nil {
-		return nil, schemas.Errorf(schemas.CodeInputInvalid, "input does not match the workflow's input_schema: %w", err)
-	}
-	if err := c.state.Validate(doc); err != nil {
-		return nil, schemas.Errorf(schemas.CodeInputInvalid, "input, as the initial state, does not match the workflow's state_schema: %w", err)
-	}
-	return input, nil
-}
-
 // pendingJob builds the first checkpoint of a job from a start request:
 // status pending, the input as the state, nothing dispatched. Input and
 // state are checked against the definition's schemas; a failure is
 // schemas.ErrInputInvalid and nothing is stored.
 func pendingJob(c *compiled, req *schemas.StartRequest, msgID string, now time.Time) (*schemas.Checkpoint, error) {
-	def := c.def
-	input, err := checkInput(c, req.Input)
+	input, err := schemas.CheckJobInput(req.Input, c.input, c.state)
 	if err != nil {
 		e := schemas.AsError(err)
 		return nil, (&schemas.Error{Code: e.Code, Message: e.Message, Job: req.JobID}).WithCause(e.Unwrap())
 	}
-	vars := maps.Clone(def.Vars)
-	if len(req.Vars) > 0 && vars == nil {
-		vars = map[string]string{}
-	}
-	maps.Copy(vars, req.Vars)
-	return &schemas.Checkpoint{
-		Schema:         schemas.CheckpointSchema,
-		JobID:          req.JobID,
-		Workflow:       def.Name,
-		Version:        def.Version,
-		DefinitionHash: def.Hash,
-		Seq:            1,
-		Status:         schemas.JobPending,
-		InputDigest:    digest(input), // input is compact: see inputDigest
-		State:          input,
-		Vars:           vars,
-		Steps:          map[string]*schemas.StepRecord{},
-		Cause:          msgID,
-		Parent:         req.Parent,
-		CreatedAt:      now,
-		UpdatedAt:      now,
-	}, nil
+	return schemas.NewPendingCheckpoint(c.def, req, input, msgID, now), nil
 }
 
 // startJob starts a pending job: it dispatches the first step.
@@ -398,22 +343,8 @@ func completeJob(cp *schemas.Checkpoint, now time.Time) event {
 	return event{typ: schemas.EventJobCompleted, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status), ResultDigest: digest(cp.State)}}
 }
 
-// inputDigest digests the compact form of a job input, so that formatting
-// does not count as a difference.
-func inputDigest(input json.RawMessage) string {
-	var b bytes.Buffer
-	if err := json.Compact(&b, input); err != nil {
-		return digest(input)
-	}
-	return digest(b.Bytes())
-}
-
-// digest is the hex SHA-256 of a JSON value's bytes, truncated to 128 bits:
-// enough to tell results apart, short enough to store per step.
-func digest(b []byte) string {
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:16])
-}
+// digest is schemas.Digest.
+func digest(b []byte) string { return schemas.Digest(b) }
 
 // cloneCheckpoint copies cp deeply enough that applying a transition to
 // the copy leaves cp (as cached) untouched.

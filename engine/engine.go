@@ -853,7 +853,7 @@ func (e *Engine) startPublish(ps []*plan) *settlement {
 			m := nats.NewMsg(names.HistorySubject(cp.JobID))
 			m.Data = bodies[i]
 			m.Header.Set(jetstream.MsgIDHeader, ids[i])
-			m.Header.Set("Content-Type", HistoryContentType)
+			m.Header.Set("Content-Type", schemas.HistoryContentType)
 			f, err := js.PublishMsgAsync(m)
 			if err != nil {
 				p.err = fmt.Errorf("publish history of job %s: %w", cp.JobID, err)

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/internal/testsupport"
 	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
@@ -34,7 +35,7 @@ type bundle struct {
 	srv    *testsupport.Server
 	store  *kv.Store
 	engine *Engine
-	client *Client
+	client *client.Client
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -55,7 +56,7 @@ func setup(t *testing.T, o setupOptions) *bundle {
 		o.kv.WorkAckWait = 2 * time.Second
 	}
 	st := srv.Store(t, o.kv)
-	b := &bundle{t: t, srv: srv, store: st, client: NewClient(st), done: make(chan struct{})}
+	b := &bundle{t: t, srv: srv, store: st, client: client.New(st), done: make(chan struct{})}
 	if o.noEngine {
 		close(b.done)
 		return b
@@ -134,14 +135,14 @@ func (b *bundle) define(yaml string) *schemas.Definition {
 
 func (b *bundle) start(def *schemas.Definition, input string, id string) string {
 	b.t.Helper()
-	res, err := b.client.Start(context.Background(), def, json.RawMessage(input), StartOptions{JobID: id})
+	res, err := b.client.Start(context.Background(), def, json.RawMessage(input), client.StartOptions{JobID: id})
 	if err != nil {
 		b.t.Fatalf("start: %v", err)
 	}
 	return res.JobID
 }
 
-func (b *bundle) wait(id string) *JobView {
+func (b *bundle) wait(id string) *client.JobView {
 	b.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -152,13 +153,13 @@ func (b *bundle) wait(id string) *JobView {
 	return v
 }
 
-func stepOf(v *JobView, id string) StepView {
+func stepOf(v *client.JobView, id string) client.StepView {
 	for _, s := range v.Steps {
 		if s.ID == id {
 			return s
 		}
 	}
-	return StepView{}
+	return client.StepView{}
 }
 
 const threeSteps = `
@@ -462,7 +463,7 @@ func TestTwoEnginesApplyingOneResultAdvanceTheJobOnce(t *testing.T) {
 	if after.Checkpoint.Seq != ent.Checkpoint.Seq+1 {
 		t.Errorf("seq %d → %d, want one step", ent.Checkpoint.Seq, after.Checkpoint.Seq)
 	}
-	if v := NewJobView(after.Checkpoint, def); stepOf(v, "a").Status != schemas.StepCompleted || after.Checkpoint.Current == nil || after.Checkpoint.Current.Step != "b" {
+	if v := client.NewJobView(after.Checkpoint, def); stepOf(v, "a").Status != schemas.StepCompleted || after.Checkpoint.Current == nil || after.Checkpoint.Current.Step != "b" {
 		t.Errorf("job did not advance to b: %+v current %+v", stepOf(v, "a"), after.Checkpoint.Current)
 	}
 	if n := workMessages(t, b.store); n != 2 { // a@1 and b@1, nothing twice
@@ -475,7 +476,7 @@ func TestRejectedStartStoresNothing(t *testing.T) {
 	b := setup(t, setupOptions{})
 	def := b.define(threeSteps)
 	ctx := context.Background()
-	_, err := b.client.Start(ctx, def, json.RawMessage(`{"n": "many"}`), StartOptions{JobID: "bad"})
+	_, err := b.client.Start(ctx, def, json.RawMessage(`{"n": "many"}`), client.StartOptions{JobID: "bad"})
 	if !errors.Is(err, schemas.ErrInputInvalid) {
 		t.Fatalf("err = %v, want ErrInputInvalid", err)
 	}
@@ -496,7 +497,7 @@ func TestRejectedStartStoresNothing(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"", "a.b", "x y", "../etc"} {
-		if _, err := b.client.Start(ctx, def, json.RawMessage(`{"n": 1}`), StartOptions{JobID: bad + "!"}); !errors.Is(err, schemas.ErrInputInvalid) {
+		if _, err := b.client.Start(ctx, def, json.RawMessage(`{"n": 1}`), client.StartOptions{JobID: bad + "!"}); !errors.Is(err, schemas.ErrInputInvalid) {
 			t.Errorf("job id %q accepted: %v", bad+"!", err)
 		}
 	}
@@ -509,11 +510,11 @@ func TestStartingAnExistingIDAttaches(t *testing.T) {
 	def := b.define(threeSteps)
 	id := b.start(def, `{"n": 1}`, "same")
 	b.wait(id)
-	res, err := b.client.Start(context.Background(), def, json.RawMessage(`{"n": 1}`), StartOptions{JobID: id})
+	res, err := b.client.Start(context.Background(), def, json.RawMessage(`{"n": 1}`), client.StartOptions{JobID: id})
 	if err != nil || !res.Attached || res.Mismatch != "" {
 		t.Fatalf("second start = %+v, %v; want attached without mismatch", res, err)
 	}
-	res, err = b.client.Start(context.Background(), def, json.RawMessage(`{"n": 2}`), StartOptions{JobID: id})
+	res, err = b.client.Start(context.Background(), def, json.RawMessage(`{"n": 2}`), client.StartOptions{JobID: id})
 	if !res.Attached || res.Mismatch == "" || !errors.Is(err, schemas.ErrConflict) {
 		t.Errorf("start with other input = %+v, %v; want attached with a mismatch note and ErrConflict", res, err)
 	}
@@ -679,7 +680,7 @@ steps:
 		t.Errorf("handle errors = %d: the oversized result was retried", got)
 	}
 
-	_, err := b.client.Start(context.Background(), def, json.RawMessage(`{"blob": "`+strings.Repeat("y", 70<<10)+`"}`), StartOptions{JobID: "huge"})
+	_, err := b.client.Start(context.Background(), def, json.RawMessage(`{"blob": "`+strings.Repeat("y", 70<<10)+`"}`), client.StartOptions{JobID: "huge"})
 	if !errors.Is(err, schemas.ErrTooLarge) {
 		t.Fatalf("start with a huge input: %v, want ErrTooLarge", err)
 	}

@@ -7,17 +7,6 @@ import (
 	"github.com/waymark-dev/waymark/schemas"
 )
 
-// HistorySource is the CloudEvents "source" of every history event.
-const HistorySource = "/waymark/engine"
-
-// HistoryContentType is the content type of a history message: a
-// CloudEvents JSON batch (one JSON array of events).
-const HistoryContentType = "application/cloudevents-batch+json"
-
-// HistoryEvent is one CloudEvent of a job's history; see
-// schemas.HistoryEvent.
-type HistoryEvent = schemas.HistoryEvent
-
 // historyBatches encodes a checkpoint's pending events as one history
 // message, a CloudEvents batch, with dedup id "<job>/<first seq>-<last seq>":
 // publishing the same events again after a crash is dropped by the
@@ -38,7 +27,7 @@ func historyBatches(job string, evs []schemas.Event) (ids []string, bodies [][]b
 		}
 		// evs[start:i] share one sequence: append them without the array's
 		// brackets.
-		part := schemas.AppendHistoryBatch(nil, HistorySource, job, seq, evs[start:i])
+		part := schemas.AppendHistoryBatch(nil, schemas.HistorySourceEngine, job, seq, evs[start:i])
 		if len(body) > 1 {
 			body = append(body, ',')
 		}
@@ -51,26 +40,6 @@ func historyBatches(job string, evs []schemas.Event) (ids []string, bodies [][]b
 	id := job + "/" + strconv.FormatUint(evs[0].Data.Seq, 10) + "-" + strconv.FormatUint(evs[len(evs)-1].Data.Seq, 10)
 	return []string{id}, [][]byte{body}
 }
-
-// checkpointHistory returns a checkpoint's pending events as history
-// events, with the ids they get when published.
-func checkpointHistory(job string, evs []schemas.Event) []HistoryEvent {
-	out := make([]HistoryEvent, 0, len(evs))
-	var seq uint64
-	n := 0
-	for _, ev := range evs {
-		if ev.Data.Seq != seq {
-			seq, n = ev.Data.Seq, 0
-		}
-		out = append(out, HistoryEvent{SpecVersion: "1.0", ID: job + "/" + strconv.FormatUint(seq, 10) + "/" + strconv.Itoa(n),
-			Source: HistorySource, Type: ev.Type, Subject: job, Time: ev.Time, DataContentType: "application/json", Data: ev.Data})
-		n++
-	}
-	return out
-}
-
-// DecodeHistory decodes one history message: a CloudEvents batch.
-func DecodeHistory(b []byte) ([]HistoryEvent, error) { return schemas.DecodeHistory(b) }
 
 // stamp turns the events of one transition into checkpoint events,
 // folding each dispatch into the event before it when that event caused it

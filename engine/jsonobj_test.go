@@ -97,11 +97,11 @@ func TestHistoryBatchesOneMessagePerFlush(t *testing.T) {
 	if len(ids) != 1 || ids[0] != "j/3-4" {
 		t.Fatalf("ids = %v", ids)
 	}
-	got, err := DecodeHistory(bodies[0])
+	got, err := schemas.DecodeHistory(bodies[0])
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := checkpointHistory("j", evs)
+	want := schemas.CheckpointHistory("j", evs)
 	if len(got) != 3 || got[0].ID != "j/3/0" || got[1].ID != "j/3/1" || got[2].ID != "j/4/0" {
 		t.Fatalf("events %+v", got)
 	}

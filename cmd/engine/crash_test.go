@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/waymark-dev/waymark/engine"
+	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/internal/testsupport"
 	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
@@ -158,11 +159,11 @@ func TestCrashedEngineResumesWithoutRunningCompletedSteps(t *testing.T) {
 			spawn(t, nil, testsupport.Binary(t, "worker"), nats, "--service=count="+count.srv.URL)
 			first := spawn(t, []string{"WAYMARK_FAILPOINTS=" + tc.failpoint}, bin, "serve", nats, "--http=", "--workers=0")
 
-			client := engine.NewClient(store)
+			cl := client.New(store)
 			def := loadDef(t, "testdata/three-calls.yaml")
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			res, err := client.Start(ctx, def, json.RawMessage(`{}`), engine.StartOptions{JobID: "crash"})
+			res, err := cl.Start(ctx, def, json.RawMessage(`{}`), client.StartOptions{JobID: "crash"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -172,7 +173,7 @@ func TestCrashedEngineResumesWithoutRunningCompletedSteps(t *testing.T) {
 			}
 			spawn(t, nil, bin, "serve", nats, "--http=", "--workers=0")
 
-			v, err := client.Wait(ctx, res.JobID, nil)
+			v, err := cl.Wait(ctx, res.JobID, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -183,7 +184,7 @@ func TestCrashedEngineResumesWithoutRunningCompletedSteps(t *testing.T) {
 			// job to wait on: it may complete before the dead engine's
 			// unacknowledged result comes back (one ack wait) and is counted.
 			testsupport.Eventually(t, 10*time.Second, func() bool {
-				v, err = client.Job(ctx, res.JobID)
+				v, err = cl.Job(ctx, res.JobID)
 				return err == nil && v.ResumeCount >= 1
 			}, "resume never counted")
 			if v.ResumeCount != 1 {
@@ -215,21 +216,21 @@ func TestCrashedWorkerResumes(t *testing.T) {
 	first := spawn(t, []string{"WAYMARK_FAILPOINTS=worker.after_receive=crash@2"}, worker, nats, svc)
 	spawn(t, nil, testsupport.Binary(t, "engine"), "serve", nats, "--http=", "--workers=0")
 
-	client := engine.NewClient(store)
+	cl := client.New(store)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	res, err := client.Start(ctx, loadDef(t, "testdata/three-calls.yaml"), nil, engine.StartOptions{JobID: "worker-crash"})
+	res, err := cl.Start(ctx, loadDef(t, "testdata/three-calls.yaml"), nil, client.StartOptions{JobID: "worker-crash"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	first.waitKilled(t, 30*time.Second)
 	spawn(t, nil, worker, nats, svc)
-	v, err := client.Wait(ctx, res.JobID, nil)
+	v, err := cl.Wait(ctx, res.JobID, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if v.Status != schemas.JobCompleted || v.ResumeCount != 1 {
-		evs, _ := client.History(ctx, res.JobID)
+		evs, _ := cl.History(ctx, res.JobID)
 		for _, e := range evs {
 			t.Logf("%s %s %s %d %s", e.ID, e.Type, e.Data.Step, e.Data.Attempt, e.Data.Reason)
 		}
@@ -269,7 +270,7 @@ func TestRunAgainAfterCrashFinishesTheSameJob(t *testing.T) {
 		t.Fatalf("second run: %v\n%s", second.err, second.out.String())
 	}
 	out := second.out.String()
-	var v engine.JobView
+	var v client.JobView
 	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &v); err != nil {
 		t.Fatalf("decode job record: %v\n%s", err, out)
 	}

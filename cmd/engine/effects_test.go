@@ -24,6 +24,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/waymark-dev/waymark/engine"
+	"github.com/waymark-dev/waymark/engine/api"
+	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/internal/cli"
 	"github.com/waymark-dev/waymark/internal/crashtest"
 	"github.com/waymark-dev/waymark/internal/demo"
@@ -50,7 +52,7 @@ type effBundle struct {
 	t      *testing.T
 	srv    *testsupport.Server
 	store  *kv.Store
-	client *engine.Client
+	client *client.Client
 	engine *engine.Engine
 	worker *steps.Worker
 	env    *steps.Env
@@ -79,7 +81,7 @@ func effSetup(t *testing.T, o effOptions) *effBundle {
 		}
 	})
 	b.store = b.srv.Store(t, o.kv)
-	b.client = engine.NewClient(b.store)
+	b.client = client.New(b.store)
 	b.env = &steps.Env{ModelMode: steps.ModelReplay, Services: map[string]string{}}
 	for _, name := range []string{demo.NamePayments, demo.NameRecords, demo.NameMail} {
 		opts := o.demo[name]
@@ -155,13 +157,13 @@ func (b *effBundle) ctx() context.Context {
 
 func (b *effBundle) start(job string) {
 	b.t.Helper()
-	if _, err := b.client.Start(b.ctx(), b.def, b.input, engine.StartOptions{JobID: job}); err != nil {
+	if _, err := b.client.Start(b.ctx(), b.def, b.input, client.StartOptions{JobID: job}); err != nil {
 		b.t.Fatalf("start %s: %v", job, err)
 	}
 }
 
 // waitStopped waits until job completes, fails or waits for a person.
-func (b *effBundle) waitStopped(job string) *engine.JobView {
+func (b *effBundle) waitStopped(job string) *client.JobView {
 	b.t.Helper()
 	v, err := b.client.Wait(b.ctx(), job, nil)
 	if err != nil {
@@ -172,9 +174,9 @@ func (b *effBundle) waitStopped(job string) *engine.JobView {
 
 // waitStatus polls job until it has status. (Wait would return at once for
 // a job still waiting for a person that was just told to go on.)
-func (b *effBundle) waitStatus(job string, status schemas.JobStatus) *engine.JobView {
+func (b *effBundle) waitStatus(job string, status schemas.JobStatus) *client.JobView {
 	b.t.Helper()
-	var v *engine.JobView
+	var v *client.JobView
 	var last string
 	testsupport.Eventually(b.t, 30*time.Second, func() bool {
 		var err error
@@ -214,7 +216,7 @@ func (b *effBundle) record(key string) *schemas.EffectRecord {
 	return r
 }
 
-func (b *effBundle) history(job string) []engine.HistoryEvent {
+func (b *effBundle) history(job string) []schemas.HistoryEvent {
 	b.t.Helper()
 	evs, err := b.client.History(b.ctx(), job)
 	if err != nil {
@@ -224,8 +226,8 @@ func (b *effBundle) history(job string) []engine.HistoryEvent {
 }
 
 // effEvents returns the events of type typ (and step, unless empty).
-func effEvents(evs []engine.HistoryEvent, typ, step string) []engine.HistoryEvent {
-	var out []engine.HistoryEvent
+func effEvents(evs []schemas.HistoryEvent, typ, step string) []schemas.HistoryEvent {
+	var out []schemas.HistoryEvent
 	for _, e := range evs {
 		if e.Type == typ && (step == "" || e.Data.Step == step) {
 			out = append(out, e)
@@ -234,7 +236,7 @@ func effEvents(evs []engine.HistoryEvent, typ, step string) []engine.HistoryEven
 	return out
 }
 
-func effTypes(evs []engine.HistoryEvent) string {
+func effTypes(evs []schemas.HistoryEvent) string {
 	var s []string
 	for _, e := range evs {
 		s = append(s, strings.TrimPrefix(e.Type, "dev.waymark.")+"("+e.Data.Step+")")
@@ -243,7 +245,7 @@ func effTypes(evs []engine.HistoryEvent) string {
 }
 
 // stateField returns one top-level member of a job's state.
-func stateField(t *testing.T, v *engine.JobView, name string) json.RawMessage {
+func stateField(t *testing.T, v *client.JobView, name string) json.RawMessage {
 	t.Helper()
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(v.State, &m); err != nil {
@@ -413,7 +415,7 @@ func TestAmbiguousEffectResolvedAsHappened(t *testing.T) {
 		t.Fatalf("record %s: state %s, class %s, calls %d, reason %q; want ambiguous, unsafe, 1 call, with a reason", key, rec.State, rec.Class, rec.Calls, rec.Reason)
 	}
 	b.checkProvider(demo.NameMail, key, 1, 1)
-	amb, err := b.client.Effects(context.Background(), engine.EffectFilter{Job: job, State: schemas.EffectAmbiguous})
+	amb, err := b.client.Effects(context.Background(), client.EffectFilter{Job: job, State: schemas.EffectAmbiguous})
 	if err != nil || len(amb) != 1 || amb[0].Key != key {
 		t.Fatalf("ambiguous effects of %s: %v, %v; want just %s", job, amb, err, key)
 	}
@@ -486,7 +488,7 @@ func TestAmbiguousEffectResolvedAsHappened(t *testing.T) {
 		res     schemas.EffectResolution
 		wantErr error
 	}{
-		{name: "confirmed effect", key: job + "/charge", res: schemas.EffectResolution{Happened: true, By: "ops"}, wantErr: engine.ErrNotAmbiguous},
+		{name: "confirmed effect", key: job + "/charge", res: schemas.EffectResolution{Happened: true, By: "ops"}, wantErr: client.ErrNotAmbiguous},
 		{name: "unknown key", key: "nobody/nothing", res: schemas.EffectResolution{Happened: true, By: "ops"}, wantErr: schemas.ErrNotFound},
 		{name: "nobody decides", key: key, res: schemas.EffectResolution{Happened: true}, wantErr: schemas.ErrInputInvalid},
 		{name: "not happened with a result", key: key, res: schemas.EffectResolution{Result: json.RawMessage(`{}`), By: "ops"}, wantErr: schemas.ErrInputInvalid},
@@ -551,7 +553,7 @@ func TestAmbiguousEffectResolvedAsNotHappened(t *testing.T) {
 		t.Errorf("record: state %s, calls %d, external id %q; want confirmed after 2 calls, msg_000001", rec.State, rec.Calls, rec.ExternalID)
 	}
 	evs := b.history(job)
-	unblocked := slices.IndexFunc(evs, func(e engine.HistoryEvent) bool { return e.Type == schemas.EventStepUnblocked })
+	unblocked := slices.IndexFunc(evs, func(e schemas.HistoryEvent) bool { return e.Type == schemas.EventStepUnblocked })
 	if unblocked < 0 || len(effEvents(evs[unblocked:], schemas.EventEffectConfirmed, "notify")) != 1 ||
 		len(effEvents(evs, schemas.EventEffectReconciled, "notify")) != 1 {
 		t.Errorf("history does not show the resolution, then the mail sent and confirmed: %s", effTypes(evs))
@@ -689,7 +691,7 @@ func TestEffectsHTTPAPI(t *testing.T) {
 	const job = "api-job"
 	key := job + "/notify"
 	b := effSetup(t, effOptions{demo: map[string]demo.Options{demo.NameMail: {DropAfterCommit: dropFirst(key)}}})
-	api := httptest.NewServer((&engine.API{Client: b.client}).Handler())
+	api := httptest.NewServer((&api.API{Client: b.client}).Handler())
 	t.Cleanup(api.Close)
 	b.start(job)
 	if v := b.waitStopped(job); v.Status != schemas.JobNeedsReconciliation {
@@ -1020,7 +1022,7 @@ func TestEffectRetention(t *testing.T) {
 	}
 	ctx := context.Background()
 	count := func(job string) int {
-		recs, err := b.client.Effects(ctx, engine.EffectFilter{Job: job})
+		recs, err := b.client.Effects(ctx, client.EffectFilter{Job: job})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -31,6 +31,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/waymark-dev/waymark/engine"
+	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/internal/demo"
 	"github.com/waymark-dev/waymark/internal/failpoint"
 	"github.com/waymark-dev/waymark/internal/testsupport"
@@ -143,14 +144,14 @@ func (f resilLazy) String() string { return f() }
 // resilWaitStopped polls the job's checkpoint until the job stops
 // (completed, failed, or waiting for a person). Polling, not a watch: it
 // keeps working across a server restart.
-func resilWaitStopped(t *testing.T, client *engine.Client, id string, timeout time.Duration) *engine.JobView {
+func resilWaitStopped(t *testing.T, cl *client.Client, id string, timeout time.Duration) *client.JobView {
 	t.Helper()
-	var v *engine.JobView
+	var v *client.JobView
 	var last error
 	testsupport.Eventually(t, timeout, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		v, last = client.Job(ctx, id)
+		v, last = cl.Job(ctx, id)
 		return last == nil && v.Status.Stopped()
 	}, "job %s did not stop (last read: %v)", id, resilLazy(func() string { return fmt.Sprintf("%+v, err %v", v, last) }))
 	return v
@@ -158,13 +159,13 @@ func resilWaitStopped(t *testing.T, client *engine.Client, id string, timeout ti
 
 // resilHistory waits until job's history holds its terminal event, then
 // counts the events by "type" and by "type step".
-func resilHistory(t *testing.T, client *engine.Client, id string) map[string]int {
+func resilHistory(t *testing.T, cl *client.Client, id string) map[string]int {
 	t.Helper()
 	var counts map[string]int
 	testsupport.Eventually(t, 10*time.Second, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		evs, err := client.History(ctx, id)
+		evs, err := cl.History(ctx, id)
 		if err != nil {
 			return false
 		}
@@ -265,7 +266,7 @@ func resilStore(t *testing.T, gate *resilGate, name string, cfg kv.Config) *kv.S
 type resilRaceBundle struct {
 	srv    *testsupport.Server
 	store  *kv.Store
-	client *engine.Client
+	client *client.Client
 	eng    *engine.Engine
 	svc    *demo.Running
 	env    *steps.Env
@@ -277,7 +278,7 @@ func resilSetupRace(t *testing.T, service string) *resilRaceBundle {
 	b := &resilRaceBundle{log: resilLogger(t)}
 	b.srv = testsupport.StartServer(t, testsupport.ServerOptions{})
 	b.store = b.srv.Store(t, resilKV)
-	b.client = engine.NewClient(b.store)
+	b.client = client.New(b.store)
 	svc, err := demo.Start(context.Background(), service, demo.Options{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
@@ -374,7 +375,7 @@ func TestWorkersRaceAfterLeaseExpiry(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
 		const job = "race-receive"
-		if _, err := b.client.Start(ctx, def, nil, engine.StartOptions{JobID: job}); err != nil {
+		if _, err := b.client.Start(ctx, def, nil, client.StartOptions{JobID: job}); err != nil {
 			t.Fatal(err)
 		}
 		testsupport.Eventually(t, 10*time.Second, func() bool {
@@ -437,7 +438,7 @@ func TestWorkersRaceAfterLeaseExpiry(t *testing.T) {
 		defer cancel()
 		const job = "race-prepared"
 		key := job + "/notify"
-		if _, err := b.client.Start(ctx, def, nil, engine.StartOptions{JobID: job}); err != nil {
+		if _, err := b.client.Start(ctx, def, nil, client.StartOptions{JobID: job}); err != nil {
 			t.Fatal(err)
 		}
 		testsupport.Eventually(t, 10*time.Second, func() bool {
@@ -518,7 +519,7 @@ func TestWorkersRaceAfterLeaseExpiry(t *testing.T) {
 		defer cancel()
 		const job = "race-late"
 		key := job + "/notify"
-		if _, err := b.client.Start(ctx, def, nil, engine.StartOptions{JobID: job}); err != nil {
+		if _, err := b.client.Start(ctx, def, nil, client.StartOptions{JobID: job}); err != nil {
 			t.Fatal(err)
 		}
 		testsupport.Eventually(t, 10*time.Second, func() bool { return b.svc.Stats().Calls[key] == 1 },
@@ -533,7 +534,7 @@ func TestWorkersRaceAfterLeaseExpiry(t *testing.T) {
 
 		// The settlement re-dispatches the step, which is answered from
 		// the ledger: wait for the job to end.
-		var v *engine.JobView
+		var v *client.JobView
 		testsupport.Eventually(t, 20*time.Second, func() bool {
 			v, _ = b.client.Job(ctx, job)
 			return v != nil && v.Status.Terminal()
@@ -648,7 +649,7 @@ func TestServerRestartMidJob(t *testing.T) {
 	// A restart takes well under the lease; heartbeats every second.
 	cfg := kv.Config{InboxAckWait: 2 * time.Second, WorkAckWait: 3 * time.Second}
 	store := srv.Store(t, cfg)
-	client := engine.NewClient(store)
+	cl := client.New(store)
 	svc := newResilKeyCounter(t)
 	engStore := srv.Store(t, cfg)
 	workStore := srv.Store(t, cfg)
@@ -658,7 +659,7 @@ func TestServerRestartMidJob(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const job = "restart-1"
-	if _, err := client.Start(ctx, resilDef(t, resilRestartWorkflow), nil, engine.StartOptions{JobID: job}); err != nil {
+	if _, err := cl.Start(ctx, resilDef(t, resilRestartWorkflow), nil, client.StartOptions{JobID: job}); err != nil {
 		t.Fatal(err)
 	}
 	testsupport.Eventually(t, 10*time.Second, func() bool {
@@ -696,7 +697,7 @@ func TestServerRestartMidJob(t *testing.T) {
 	}
 	svc.releaseAll()
 
-	v := resilWaitStopped(t, client, job, 30*time.Second)
+	v := resilWaitStopped(t, cl, job, 30*time.Second)
 	if v.Status != schemas.JobCompleted {
 		t.Fatalf("job %s: %v", v.Status, v.Error)
 	}
@@ -713,7 +714,7 @@ func TestServerRestartMidJob(t *testing.T) {
 			t.Errorf("step %s: %s after %d dispatches; want completed after 1", s.ID, s.Status, s.Attempts)
 		}
 	}
-	h := resilHistory(t, client, job)
+	h := resilHistory(t, cl, job)
 	for _, step := range []string{"slow", "after"} {
 		if n := h[schemas.EventStepCompleted+" "+step]; n != 1 {
 			t.Errorf("step %s completed %d times in the history; want once", step, n)
@@ -756,7 +757,7 @@ func TestPoisonStepIsDeadLettered(t *testing.T) {
 	srv := testsupport.StartServer(t, testsupport.ServerOptions{TCP: true})
 	cfg := kv.Config{InboxAckWait: time.Second, WorkAckWait: time.Second, WorkMaxDeliver: 3}
 	store := srv.Store(t, cfg)
-	client := engine.NewClient(store)
+	cl := client.New(store)
 	eng := resilEngine(t, srv.Store(t, cfg), log)
 
 	workerBin := testsupport.Binary(t, "worker")
@@ -773,19 +774,19 @@ func TestPoisonStepIsDeadLettered(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if _, err := client.Start(ctx, resilDef(t, resilPoisonWorkflow), nil, engine.StartOptions{JobID: "poisoned"}); err != nil {
+	if _, err := cl.Start(ctx, resilDef(t, resilPoisonWorkflow), nil, client.StartOptions{JobID: "poisoned"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := client.Start(ctx, resilDef(t, resilHealthyWorkflow), nil, engine.StartOptions{JobID: "healthy"}); err != nil {
+	if _, err := cl.Start(ctx, resilDef(t, resilHealthyWorkflow), nil, client.StartOptions{JobID: "healthy"}); err != nil {
 		t.Fatal(err)
 	}
 
 	// Restart every worker that dies, until the poisoned job stops.
 	crashes := 0
 	deadline := time.Now().Add(30 * time.Second)
-	var poisoned *engine.JobView
+	var poisoned *client.JobView
 	for {
-		v, err := client.Job(ctx, "poisoned")
+		v, err := cl.Job(ctx, "poisoned")
 		if err == nil && v.Status.Stopped() {
 			poisoned = v
 			break
@@ -807,7 +808,7 @@ func TestPoisonStepIsDeadLettered(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // poll interval
 	}
-	healthy := resilWaitStopped(t, client, "healthy", 10*time.Second)
+	healthy := resilWaitStopped(t, cl, "healthy", 10*time.Second)
 	t.Logf("poisoned job %s after %d worker crashes: %v; engine %+v", poisoned.Status, crashes, poisoned.Error, eng.Stats())
 
 	if poisoned.Status != schemas.JobFailed || poisoned.Error == nil {
@@ -925,7 +926,7 @@ func TestSoakRandomKills(t *testing.T) {
 
 	srv := testsupport.StartServer(t, testsupport.ServerOptions{TCP: true})
 	store := srv.Store(t, resilSoakKV)
-	client := engine.NewClient(store)
+	cl := client.New(store)
 	dir := t.TempDir()
 	services := map[string]*demo.Running{}
 	for _, name := range []string{demo.NamePayments, demo.NameRecords} {
@@ -985,7 +986,7 @@ func TestSoakRandomKills(t *testing.T) {
 				}
 			}
 			input := json.RawMessage(fmt.Sprintf(`{"order_id": %q, "amount_cents": %d}`, id, 100+i))
-			if _, err := client.Start(ctx, def, input, engine.StartOptions{JobID: id}); err != nil {
+			if _, err := cl.Start(ctx, def, input, client.StartOptions{JobID: id}); err != nil {
 				startErr <- err
 				return
 			}
@@ -1018,14 +1019,14 @@ func TestSoakRandomKills(t *testing.T) {
 	// and work redelivery): a job left to the reconciler's lost-attempt
 	// deadline (the step timeout, two work ack waits and 30s) fails this.
 	settle := 30*time.Second + killFor/10
-	final := map[string]engine.JobSummary{}
+	final := map[string]client.JobSummary{}
 	for stopped := 0; stopped < jobs; {
 		if time.Since(killed) > settle {
 			t.Fatalf("%d of %d jobs stopped within %v of the last kill; still running: %s", stopped, jobs, settle, resilSoakUnfinished(ids, final))
 		}
 		time.Sleep(100 * time.Millisecond) // poll interval
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		list, err := client.List(lctx, engine.ListFilter{Workflow: def.Name, Limit: jobs + 1})
+		list, err := cl.List(lctx, client.ListFilter{Workflow: def.Name, Limit: jobs + 1})
 		cancel()
 		if err != nil {
 			continue
@@ -1120,7 +1121,7 @@ func resilGetJSON(t *testing.T, url string, v any) {
 	}
 }
 
-func resilSoakCount(final map[string]engine.JobSummary, ids []string, status schemas.JobStatus) int {
+func resilSoakCount(final map[string]client.JobSummary, ids []string, status schemas.JobStatus) int {
 	n := 0
 	for _, id := range ids {
 		if final[id].Status == status {
@@ -1132,7 +1133,7 @@ func resilSoakCount(final map[string]engine.JobSummary, ids []string, status sch
 
 // resilSoakUnfinished describes the jobs that have not stopped, for a failure
 // message.
-func resilSoakUnfinished(ids []string, final map[string]engine.JobSummary) string {
+func resilSoakUnfinished(ids []string, final map[string]client.JobSummary) string {
 	var out []string
 	for _, id := range ids {
 		s, ok := final[id]
@@ -1180,7 +1181,7 @@ func TestMemoryQueuesLostInARestart(t *testing.T) {
 	srv := testsupport.StartServer(t, testsupport.ServerOptions{TCP: true})
 	cfg := kv.Config{InboxAckWait: 2 * time.Second, WorkAckWait: 3 * time.Second, QueueStorage: kv.QueueMemory}
 	store := srv.Store(t, cfg)
-	client := engine.NewClient(store)
+	cl := client.New(store)
 	svc := newResilKeyCounter(t)
 	const grace = 500 * time.Millisecond
 	eng := resilRunEngine(t, engine.Config{Store: srv.Store(t, cfg), Logger: log, ReconcileInterval: -1, StallGrace: grace})
@@ -1190,14 +1191,14 @@ func TestMemoryQueuesLostInARestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const slowJob, mailJob = "memq-1", "memq-mail"
-	if _, err := client.Start(ctx, resilDef(t, resilRestartWorkflow), nil, engine.StartOptions{JobID: slowJob}); err != nil {
+	if _, err := cl.Start(ctx, resilDef(t, resilRestartWorkflow), nil, client.StartOptions{JobID: slowJob}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := client.Start(ctx, resilDef(t, resilMailPoolWorkflow), nil, engine.StartOptions{JobID: mailJob}); err != nil {
+	if _, err := cl.Start(ctx, resilDef(t, resilMailPoolWorkflow), nil, client.StartOptions{JobID: mailJob}); err != nil {
 		t.Fatal(err)
 	}
 	testsupport.Eventually(t, 10*time.Second, func() bool {
-		v, err := client.Job(ctx, mailJob)
+		v, err := cl.Job(ctx, mailJob)
 		return svc.snapshot()["/slow "+slowJob+"/slow"] == 1 && err == nil && v.Current != nil
 	}, "the slow step never reached the provider, or the mail step was never dispatched")
 	if st := streamStorage(t, store, store.Names.WorkStream); st != jetstream.MemoryStorage {
@@ -1212,7 +1213,7 @@ func TestMemoryQueuesLostInARestart(t *testing.T) {
 	svc.releaseAll()
 
 	for _, job := range []string{slowJob, mailJob} {
-		v := resilWaitStopped(t, client, job, 30*time.Second)
+		v := resilWaitStopped(t, cl, job, 30*time.Second)
 		if v.Status != schemas.JobCompleted {
 			t.Fatalf("job %s %s: %v", job, v.Status, v.Error)
 		}
@@ -1245,11 +1246,11 @@ func TestMemoryQueuesLostInARestart(t *testing.T) {
 	}
 	// The unsafe step was dispatched again only after its first attempt's
 	// timeout (2s) had passed since the queues were lost.
-	evs, err := client.History(ctx, mailJob)
+	evs, err := cl.History(ctx, mailJob)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var again *engine.HistoryEvent
+	var again *schemas.HistoryEvent
 	for i := range evs {
 		if evs[i].Type == schemas.EventStepDispatched && evs[i].Data.Attempt == 2 {
 			again = &evs[i]

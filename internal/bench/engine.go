@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/waymark-dev/waymark/engine"
+	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/internal/natsserver"
 	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
@@ -77,12 +78,12 @@ func runEngine(ctx context.Context, cfg Config, srv *natsserver.Server, rec *rec
 			_ = run(rctx)
 		}()
 	}
-	client := engine.NewClient(store)
+	cl := client.New(store)
 	input, _ := json.Marshal(map[string]string{"payload": strings.Repeat("x", cfg.Payload)})
 	errs := make(chan error, 1)
 	go feed(rctx, cfg, slots, func(job string) error {
 		rec.began(job)
-		if _, err := client.Start(rctx, def, input, engine.StartOptions{JobID: job}); err != nil {
+		if _, err := cl.Start(rctx, def, input, client.StartOptions{JobID: job}); err != nil {
 			select {
 			case errs <- err:
 			default:

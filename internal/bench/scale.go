@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/waymark-dev/waymark/engine"
+	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/internal/natsserver"
 	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
@@ -137,7 +138,7 @@ func RunScale(ctx context.Context, cfg ScaleConfig) (*ScaleResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	client := engine.NewClient(store)
+	cl := client.New(store)
 	res := &ScaleResult{Config: cfg}
 
 	eng, err := startEngineProcess(ctx, cfg.Binary, srv.ClientURL())
@@ -148,7 +149,7 @@ func RunScale(ctx context.Context, cfg ScaleConfig) (*ScaleResult, error) {
 
 	started := 0
 	for _, n := range cfg.Jobs {
-		if err := startScaleJobs(ctx, client, def, started, n); err != nil {
+		if err := startScaleJobs(ctx, cl, def, started, n); err != nil {
 			return nil, err
 		}
 		started = n
@@ -235,7 +236,7 @@ func RunScale(ctx context.Context, cfg ScaleConfig) (*ScaleResult, error) {
 }
 
 // startScaleJobs starts jobs scale-<from>..scale-<to-1> from 32 goroutines.
-func startScaleJobs(ctx context.Context, client *engine.Client, def *schemas.Definition, from, to int) error {
+func startScaleJobs(ctx context.Context, cl *client.Client, def *schemas.Definition, from, to int) error {
 	var next atomic.Int64
 	next.Store(int64(from))
 	var wg sync.WaitGroup
@@ -249,7 +250,7 @@ func startScaleJobs(ctx context.Context, client *engine.Client, def *schemas.Def
 				if i >= int64(to) {
 					return
 				}
-				if _, err := client.Start(ctx, def, nil, engine.StartOptions{JobID: "scale-" + strconv.FormatInt(i, 10)}); err != nil {
+				if _, err := cl.Start(ctx, def, nil, client.StartOptions{JobID: "scale-" + strconv.FormatInt(i, 10)}); err != nil {
 					errs <- err
 					return
 				}

@@ -16,7 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/waymark-dev/waymark/engine"
+	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/internal/natsserver"
 	"github.com/waymark-dev/waymark/internal/testsupport"
 	"github.com/waymark-dev/waymark/kv"
@@ -56,7 +56,7 @@ func TestQuickstartCompletes(t *testing.T) {
 		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
 	}
 	var v struct {
-		engine.JobView
+		client.JobView
 		State struct {
 			Triage struct {
 				Tickets []struct {
@@ -251,11 +251,11 @@ func TestModelRepliesThatAreNotJSONOrBreakTheSchemaAreRetried(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "stubborn") || !strings.Contains(errOut, "confidence") {
 		t.Fatalf("exit %d, want 1 naming the step and the schema problem\nstdout %s\nstderr %s", code, out, errOut)
 	}
-	var v engine.JobView
+	var v client.JobView
 	if err := json.Unmarshal([]byte(out), &v); err != nil {
 		t.Fatalf("output: %v\n%s", err, out)
 	}
-	steps := map[string]engine.StepView{}
+	steps := map[string]client.StepView{}
 	for _, s := range v.Steps {
 		steps[s.ID] = s
 	}
@@ -283,7 +283,7 @@ func TestModelRepliesThatAreNotJSONOrBreakTheSchemaAreRetried(t *testing.T) {
 	// The history tells the story: the two failed attempts of flaky, with reasons.
 	nc, srvStop := openDataDir(t, dir)
 	defer srvStop()
-	evs, err := engine.NewClient(nc).History(context.Background(), v.ID)
+	evs, err := client.New(nc).History(context.Background(), v.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -387,7 +387,7 @@ func TestStartWithoutInputStartsWithEmptyInput(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d\n%s%s", code, out, errOut)
 	}
-	var res engine.StartResult
+	var res client.StartResult
 	if err := json.Unmarshal([]byte(out), &res); err != nil || res.JobID != "no-input" || res.Attached {
 		t.Fatalf("start printed %q (%v), want job no-input started", out, err)
 	}

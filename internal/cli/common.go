@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/waymark-dev/waymark/engine"
+	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/internal/natsserver"
 	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
@@ -317,7 +318,7 @@ func checkJobID(id string) error {
 	if id == "" {
 		return nil // a fresh id is picked
 	}
-	if err := engine.ValidateJobID(id); err != nil {
+	if err := client.ValidateJobID(id); err != nil {
 		msg := schemas.AsError(err).Message
 		return fmt.Errorf("--job-id %q: %s", id, strings.TrimPrefix(msg, fmt.Sprintf("job id %q: ", id)))
 	}

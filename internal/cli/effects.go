@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/waymark-dev/waymark/engine"
+	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
 )
@@ -40,8 +40,8 @@ func newEffectsListCmd(g *globals) *cobra.Command {
 			default:
 				return &ExitError{Code: 2, Err: fmt.Errorf("--state %q: want prepared, dispatched, confirmed, ambiguous or reconciled", state)}
 			}
-			return g.withClient(cmd.Context(), func(c *engine.Client, _ *kv.Store) error {
-				recs, err := c.Effects(cmd.Context(), engine.EffectFilter{Job: job, State: schemas.EffectState(state)})
+			return g.withClient(cmd.Context(), func(c *client.Client, _ *kv.Store) error {
+				recs, err := c.Effects(cmd.Context(), client.EffectFilter{Job: job, State: schemas.EffectState(state)})
 				if err != nil {
 					return err
 				}
@@ -96,10 +96,10 @@ ledger and the job's history, and the job waiting on the effect resumes.`,
 			if res.By == "" {
 				res.By = whoami()
 			}
-			return g.withClient(cmd.Context(), func(c *engine.Client, _ *kv.Store) error {
+			return g.withClient(cmd.Context(), func(c *client.Client, _ *kv.Store) error {
 				rec, err := c.ResolveEffect(cmd.Context(), args[0], res)
 				switch {
-				case errors.Is(err, schemas.ErrNotFound), errors.Is(err, engine.ErrNotAmbiguous), errors.Is(err, schemas.ErrInputInvalid):
+				case errors.Is(err, schemas.ErrNotFound), errors.Is(err, client.ErrNotAmbiguous), errors.Is(err, schemas.ErrInputInvalid):
 					return &ExitError{Code: 2, Err: err}
 				case err != nil:
 					return err

@@ -12,14 +12,14 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/waymark-dev/waymark/engine"
+	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
 	"github.com/waymark-dev/waymark/steps"
 )
 
 // withClient connects to --nats-url and runs fn with a job client.
-func (g *globals) withClient(ctx context.Context, fn func(*engine.Client, *kv.Store) error) error {
+func (g *globals) withClient(ctx context.Context, fn func(*client.Client, *kv.Store) error) error {
 	log, err := g.logger()
 	if err != nil {
 		return &ExitError{Code: 2, Err: err}
@@ -37,7 +37,7 @@ func (g *globals) withClient(ctx context.Context, fn func(*engine.Client, *kv.St
 	if err != nil {
 		return err
 	}
-	return fn(engine.NewClient(st), st)
+	return fn(client.New(st), st)
 }
 
 func newStartCmd(g *globals) *cobra.Command {
@@ -75,11 +75,11 @@ as with engine run. Exit status: 0 started (or attached to the job of that
 			if err := checkJobID(jobID); err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
-			if err := engine.CheckInput(def, in); err != nil {
+			if err := client.CheckInput(def, in); err != nil {
 				return &ExitError{Code: 2, Err: inputError(input, in, err)}
 			}
-			return g.withClient(cmd.Context(), func(c *engine.Client, _ *kv.Store) error {
-				res, err := c.Start(cmd.Context(), def, in, engine.StartOptions{JobID: jobID, Vars: vm})
+			return g.withClient(cmd.Context(), func(c *client.Client, _ *kv.Store) error {
+				res, err := c.Start(cmd.Context(), def, in, client.StartOptions{JobID: jobID, Vars: vm})
 				if err != nil {
 					return startError(input, err)
 				}
@@ -111,7 +111,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 			if err := checkOutput(output); err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
-			return g.withClient(cmd.Context(), func(c *engine.Client, _ *kv.Store) error {
+			return g.withClient(cmd.Context(), func(c *client.Client, _ *kv.Store) error {
 				v, err := c.Job(cmd.Context(), args[0])
 				if errors.Is(err, schemas.ErrNotFound) {
 					return &ExitError{Code: 1, Err: err}
@@ -131,7 +131,7 @@ func newStatusCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-func printView(w io.Writer, v *engine.JobView) {
+func printView(w io.Writer, v *client.JobView) {
 	fmt.Fprintf(w, "job       %s\n", v.ID)
 	fmt.Fprintf(w, "workflow  %s v%d (definition %s)\n", v.Workflow, v.Version, v.DefinitionHash[:min(12, len(v.DefinitionHash))])
 	fmt.Fprintf(w, "status    %s\n", v.Status)
@@ -175,14 +175,14 @@ func newListCmd(g *globals) *cobra.Command {
 			if limit < 1 {
 				return &ExitError{Code: 2, Err: fmt.Errorf("--limit %d: want 1 or more", limit)}
 			}
-			return g.withClient(cmd.Context(), func(c *engine.Client, _ *kv.Store) error {
-				jobs, err := c.List(cmd.Context(), engine.ListFilter{Status: schemas.JobStatus(status), Workflow: workflow, Limit: limit})
+			return g.withClient(cmd.Context(), func(c *client.Client, _ *kv.Store) error {
+				jobs, err := c.List(cmd.Context(), client.ListFilter{Status: schemas.JobStatus(status), Workflow: workflow, Limit: limit})
 				if err != nil {
 					return err
 				}
 				if output == "json" {
 					if jobs == nil {
-						jobs = []engine.JobSummary{}
+						jobs = []client.JobSummary{}
 					}
 					return printJSON(g.stdout, map[string]any{"jobs": jobs})
 				}
@@ -213,7 +213,7 @@ func newHistoryCmd(g *globals) *cobra.Command {
 			if err := checkOutput(output); err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
-			return g.withClient(cmd.Context(), func(c *engine.Client, st *kv.Store) error {
+			return g.withClient(cmd.Context(), func(c *client.Client, st *kv.Store) error {
 				if _, err := st.Checkpoints.Get(cmd.Context(), args[0]); err != nil {
 					return &ExitError{Code: 1, Err: err}
 				}
@@ -223,7 +223,7 @@ func newHistoryCmd(g *globals) *cobra.Command {
 				}
 				if output == "json" {
 					if evs == nil {
-						evs = []engine.HistoryEvent{}
+						evs = []schemas.HistoryEvent{}
 					}
 					return printJSON(g.stdout, map[string]any{"events": evs})
 				}
@@ -263,7 +263,7 @@ func newValidateCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return &ExitError{Code: 2, Err: err}
 				}
-				if err := engine.CheckInput(def, in); err != nil {
+				if err := client.CheckInput(def, in); err != nil {
 					return &ExitError{Code: 2, Err: inputError(input, in, err)}
 				}
 			}

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/waymark-dev/waymark/engine"
+	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/internal/testsupport"
 	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
@@ -43,12 +44,12 @@ func TestMetricsFollowTheCounters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	client := engine.NewClient(store)
-	res, err := client.Start(ctx, def, nil, engine.StartOptions{})
+	cl := client.New(store)
+	res, err := cl.Start(ctx, def, nil, client.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v, err := client.Wait(ctx, res.JobID, nil); err != nil || v.Status != schemas.JobCompleted {
+	if v, err := cl.Wait(ctx, res.JobID, nil); err != nil || v.Status != schemas.JobCompleted {
 		t.Fatalf("job: %v %v", v, err)
 	}
 

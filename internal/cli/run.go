@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/waymark-dev/waymark/engine"
+	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/internal/demo"
 	"github.com/waymark-dev/waymark/internal/failpoint"
 	"github.com/waymark-dev/waymark/internal/natsserver"
@@ -287,7 +288,7 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 	if err := checkJobID(f.jobID); err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}
-	if err := engine.CheckInput(def, input); err != nil {
+	if err := client.CheckInput(def, input); err != nil {
 		return &ExitError{Code: 2, Err: inputError(f.input, input, err)}
 	}
 	names := bundledServices(def, env)
@@ -319,8 +320,8 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 	defer st.stop()
 	out := g.stdout
 	text := f.output == "text"
-	client := engine.NewClient(st.store)
-	res, err := client.Start(ctx, def, input, engine.StartOptions{JobID: f.jobID, Vars: vars})
+	cl := client.New(st.store)
+	res, err := cl.Start(ctx, def, input, client.StartOptions{JobID: f.jobID, Vars: vars})
 	if err != nil {
 		return startError(f.input, err)
 	}
@@ -341,12 +342,12 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 		defer cancel()
 	}
 	if res.Attached && text {
-		if v, err := client.Job(ctx, res.JobID); err == nil && v.Status.Stopped() {
+		if v, err := cl.Job(ctx, res.JobID); err == nil && v.Status.Stopped() {
 			fmt.Fprintf(out, "job %s had already stopped: %s\n", res.JobID, v.Status)
 		}
 	}
 	start := time.Now()
-	view, err := client.Wait(wctx, res.JobID, func(h engine.HistoryEvent) {
+	view, err := cl.Wait(wctx, res.JobID, func(h schemas.HistoryEvent) {
 		if text {
 			printEvent(out, h)
 		}
@@ -429,7 +430,7 @@ func shellQuote(s string) string {
 // printEvent prints one history event as transition lines: step, attempt,
 // status, duration. A completion, failure or unblock that dispatched the
 // next attempt prints that dispatch on a line of its own.
-func printEvent(w io.Writer, h engine.HistoryEvent) {
+func printEvent(w io.Writer, h schemas.HistoryEvent) {
 	d := h.Data
 	dispatched := func(step string, attempt int) {
 		status := "dispatched"

@@ -18,6 +18,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/waymark-dev/waymark/engine"
+	"github.com/waymark-dev/waymark/engine/api"
+	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/internal/demo"
 	"github.com/waymark-dev/waymark/schemas"
 	"github.com/waymark-dev/waymark/steps"
@@ -105,7 +107,7 @@ func serve(ctx context.Context, g *globals, f *serveFlags) error {
 		for _, w := range st.workers {
 			registerWorkerMetrics(reg, w)
 		}
-		api := &engine.API{Client: engine.NewClient(st.store), Logger: log, Checks: []schemas.CheckFunc{engine.Check, steps.Builtins().Check(env, f.steps.allowKinds...)}}
+		api := &api.API{Client: client.New(st.store), Logger: log, Checks: []schemas.CheckFunc{engine.Check, steps.Builtins().Check(env, f.steps.allowKinds...)}}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.Handle("/", api.Handler())

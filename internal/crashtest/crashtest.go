@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/waymark-dev/waymark/engine"
+	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/internal/demo"
 	"github.com/waymark-dev/waymark/internal/failpoint"
 	"github.com/waymark-dev/waymark/internal/natsserver"
@@ -123,7 +124,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, fmt.Errorf("crashtest: read input: %w", err)
 		}
 	}
-	if err := engine.CheckInput(def, input); err != nil {
+	if err := client.CheckInput(def, input); err != nil {
 		return nil, fmt.Errorf("crashtest: input %s: %w", cfg.Input, err)
 	}
 	points := cfg.Points
@@ -256,20 +257,20 @@ func runCase(ctx context.Context, cfg Config, def *schemas.Definition, input jso
 		victim, restart = eng, func() *proc { return spawn(cfg.Binary, engineArgs, "") }
 	}
 
-	client := engine.NewClient(store)
+	cl := client.New(store)
 	const job = "crashtest"
-	if _, err := client.Start(ctx, def, input, engine.StartOptions{JobID: job}); err != nil {
+	if _, err := cl.Start(ctx, def, input, client.StartOptions{JobID: job}); err != nil {
 		return err
 	}
 	// Either the victim dies at its point, or the job stops without it.
-	stopped := make(chan *engine.JobView, 1)
+	stopped := make(chan *client.JobView, 1)
 	wctx, cancelWait := context.WithCancel(ctx)
 	defer cancelWait()
 	go func() {
-		v, _ := client.Wait(wctx, job, nil)
+		v, _ := cl.Wait(wctx, job, nil)
 		stopped <- v
 	}()
-	var view *engine.JobView
+	var view *client.JobView
 	select {
 	case <-victim.done:
 	case view = <-stopped:
@@ -303,7 +304,7 @@ func runCase(ctx context.Context, cfg Config, def *schemas.Definition, input jso
 	if err := drained(ctx, store); err != nil {
 		return err
 	}
-	if view, err = client.Job(ctx, job); err != nil {
+	if view, err = cl.Job(ctx, job); err != nil {
 		return err
 	}
 	c.FinalStatus = string(view.Status)
@@ -313,7 +314,7 @@ func runCase(ctx context.Context, cfg Config, def *schemas.Definition, input jso
 			c.StepsRerun += s.Attempts - 1
 		}
 	}
-	recs, err := client.Effects(ctx, engine.EffectFilter{Job: job})
+	recs, err := cl.Effects(ctx, client.EffectFilter{Job: job})
 	if err != nil {
 		return err
 	}
@@ -336,7 +337,7 @@ func runCase(ctx context.Context, cfg Config, def *schemas.Definition, input jso
 			c.MaxEffectsPerKey = max(c.MaxEffectsPerKey, c.Effects[k])
 		}
 	}
-	evs, err := client.History(ctx, job)
+	evs, err := cl.History(ctx, job)
 	if err != nil {
 		return err
 	}

@@ -1,23 +1,80 @@
-package engine
+package api_test
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/waymark-dev/waymark/engine"
+	"github.com/waymark-dev/waymark/engine/api"
+	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/internal/testsupport"
+	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
+	"github.com/waymark-dev/waymark/steps"
 )
+
+const threeSteps = `
+name: three
+version: 1
+input_schema: {type: object, required: [n], properties: {n: {type: integer}}}
+steps:
+  - id: a
+    kind: noop
+    save_as: a
+    next: [{to: b}]
+  - id: b
+    kind: noop
+    save_as: b
+    next:
+      - {to: big, when: "state.n > 10"}
+      - {to: c}
+  - id: big
+    kind: noop
+    save_as: big
+  - id: c
+    kind: noop
+    save_as: c
+`
+
+// setup starts a server, an engine and a worker, and returns a client.
+func setup(t *testing.T) *client.Client {
+	t.Helper()
+	srv := testsupport.StartServer(t, testsupport.ServerOptions{})
+	st := srv.Store(t, kv.Config{InboxAckWait: 2 * time.Second, WorkAckWait: 2 * time.Second})
+	e, err := engine.New(engine.Config{Store: st, ReconcileInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := steps.NewWorker(steps.WorkerConfig{Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, run := range []func(context.Context) error{e.Run, w.Run} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := run(ctx); err != nil {
+				t.Errorf("run: %v", err)
+			}
+		}()
+	}
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	return client.New(st)
+}
 
 func TestHTTPAPI(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOptions{})
-	b.worker(echo)
-	srv := httptest.NewServer((&API{Client: b.client, Checks: []schemas.CheckFunc{Check}}).Handler())
+	c := setup(t)
+	srv := httptest.NewServer((&api.API{Client: c, Checks: []schemas.CheckFunc{engine.Check}}).Handler())
 	t.Cleanup(srv.Close)
 	do := func(method, path, body string) (int, map[string]any) {
 		t.Helper()

@@ -1,4 +1,4 @@
-package engine
+package client
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
@@ -25,15 +26,49 @@ import (
 // a start whose input fails the workflow's input schema leaves no trace.
 // Safe for concurrent use.
 type Client struct {
-	store    *kv.Store
-	compiled *compiledCache
-	now      func() time.Time
-	stored   sync.Map // definition hashes this client has stored
+	store      *kv.Store
+	validators *lru.Cache[string, *validators]
+	now        func() time.Time
+	stored     sync.Map // definition hashes this client has stored
 }
 
-// NewClient returns a Client over an opened store.
-func NewClient(store *kv.Store) *Client {
-	return &Client{store: store, compiled: newCompiledCache(64), now: time.Now}
+// validators are a definition's input and state schemas, compiled.
+type validators struct {
+	input, state *schemas.Validator
+}
+
+// New returns a Client over an opened store.
+func New(store *kv.Store) *Client {
+	cache, _ := lru.New[string, *validators](64)
+	return &Client{store: store, validators: cache, now: time.Now}
+}
+
+// Store is the JetStream layout the client works on.
+func (c *Client) Store() *kv.Store { return c.store }
+
+// compile returns def's compiled schemas, from the cache when it can.
+func (c *Client) compile(def *schemas.Definition) (*validators, error) {
+	if v, ok := c.validators.Get(def.Hash); ok {
+		return v, nil
+	}
+	v, err := compileValidators(def)
+	if err != nil {
+		return nil, err
+	}
+	c.validators.Add(def.Hash, v)
+	return v, nil
+}
+
+func compileValidators(def *schemas.Definition) (*validators, error) {
+	var v validators
+	var err error
+	if v.input, err = schemas.CompileSchema("input_schema", def.InputSchema); err != nil {
+		return nil, fmt.Errorf("compile definition %s@%d: %w", def.Name, def.Version, err)
+	}
+	if v.state, err = schemas.CompileSchema("state_schema", def.StateSchema); err != nil {
+		return nil, fmt.Errorf("compile definition %s@%d: %w", def.Name, def.Version, err)
+	}
+	return &v, nil
 }
 
 var jobIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
@@ -89,7 +124,7 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 		return StartResult{}, err
 	}
 	res := StartResult{JobID: id, DefinitionHash: def.Hash}
-	cd, err := c.compiled.get(def)
+	v, err := c.compile(def)
 	if err != nil {
 		return StartResult{}, err
 	}
@@ -111,10 +146,12 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 		input = json.RawMessage("{}")
 	}
 	req := &schemas.StartRequest{JobID: id, DefinitionHash: def.Hash, Input: input, Vars: opts.Vars, RequestedAt: c.now().UTC()}
-	cp, err := pendingJob(cd, req, schemas.StartMsgID(id), c.now().UTC())
+	checked, err := schemas.CheckJobInput(input, v.input, v.state)
 	if err != nil {
-		return StartResult{}, err
+		e := schemas.AsError(err)
+		return StartResult{}, (&schemas.Error{Code: e.Code, Message: e.Message, Job: id}).WithCause(e.Unwrap())
 	}
+	cp := schemas.NewPendingCheckpoint(def, req, checked, schemas.StartMsgID(id), c.now().UTC())
 	// Refuse here what the engine could not store: the first checkpoint
 	// holds the input as the state, and the start request carries it.
 	if _, err := c.store.Checkpoints.Encode(cp); err != nil {
@@ -178,11 +215,11 @@ func (c *Client) attach(ctx context.Context, id string, def *schemas.Definition,
 // CheckInput validates input against def as Start would, storing nothing.
 // Errors: schemas.ErrInputInvalid naming the violations.
 func CheckInput(def *schemas.Definition, input json.RawMessage) error {
-	c, err := compile(def)
+	v, err := compileValidators(def)
 	if err != nil {
 		return err
 	}
-	_, err = checkInput(c, input)
+	_, err = schemas.CheckJobInput(input, v.input, v.state)
 	return err
 }
 
@@ -239,10 +276,10 @@ func (c *Client) List(ctx context.Context, f ListFilter) ([]JobSummary, error) {
 // History returns job id's history events in the order they happened:
 // those in the history stream and those its checkpoint still holds (see
 // Config.HistoryBatch).
-func (c *Client) History(ctx context.Context, id string) ([]HistoryEvent, error) {
-	var out []HistoryEvent
+func (c *Client) History(ctx context.Context, id string) ([]schemas.HistoryEvent, error) {
+	var out []schemas.HistoryEvent
 	seen := map[string]bool{}
-	err := c.follow(ctx, id, func(h HistoryEvent, pending uint64) bool {
+	err := c.follow(ctx, id, func(h schemas.HistoryEvent, pending uint64) bool {
 		seen[h.ID] = true
 		out = append(out, h)
 		return pending > 0
@@ -257,7 +294,7 @@ func (c *Client) History(ctx context.Context, id string) ([]HistoryEvent, error)
 		}
 		return nil, err
 	}
-	for _, h := range checkpointHistory(id, ent.Checkpoint.Events) {
+	for _, h := range schemas.CheckpointHistory(id, ent.Checkpoint.Events) {
 		if !seen[h.ID] {
 			out = append(out, h)
 		}
@@ -273,12 +310,12 @@ func (c *Client) History(ctx context.Context, id string) ([]HistoryEvent, error)
 // with each history event once, and returns the final record. Transitions
 // come from the checkpoint as it is written, ledger events from the history
 // stream. Errors: ctx's error when it ends first.
-func (c *Client) Wait(ctx context.Context, id string, onEvent func(HistoryEvent)) (*JobView, error) {
+func (c *Client) Wait(ctx context.Context, id string, onEvent func(schemas.HistoryEvent)) (*JobView, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var mu sync.Mutex
 	seen := map[string]bool{}
-	emit := func(h HistoryEvent) {
+	emit := func(h schemas.HistoryEvent) {
 		mu.Lock()
 		defer mu.Unlock()
 		if seen[h.ID] {
@@ -291,7 +328,7 @@ func (c *Client) Wait(ctx context.Context, id string, onEvent func(HistoryEvent)
 	}
 	followDone := make(chan error, 1)
 	go func() {
-		followDone <- c.follow(ctx, id, func(h HistoryEvent, _ uint64) bool {
+		followDone <- c.follow(ctx, id, func(h schemas.HistoryEvent, _ uint64) bool {
 			emit(h)
 			return true
 		}, false)
@@ -301,7 +338,7 @@ func (c *Client) Wait(ctx context.Context, id string, onEvent func(HistoryEvent)
 		if err != nil {
 			return true
 		}
-		for _, h := range checkpointHistory(id, ent.Checkpoint.Events) {
+		for _, h := range schemas.CheckpointHistory(id, ent.Checkpoint.Events) {
 			emit(h)
 		}
 		if ent.Checkpoint.Status.Stopped() {
@@ -320,7 +357,7 @@ func (c *Client) Wait(ctx context.Context, id string, onEvent func(HistoryEvent)
 	// events of the last steps precede the final checkpoint.
 	cancel()
 	<-followDone
-	_ = c.follow(context.WithoutCancel(ctx), id, func(h HistoryEvent, pending uint64) bool {
+	_ = c.follow(context.WithoutCancel(ctx), id, func(h schemas.HistoryEvent, pending uint64) bool {
 		emit(h)
 		return pending > 0
 	}, true)
@@ -331,7 +368,7 @@ func (c *Client) Wait(ctx context.Context, id string, onEvent func(HistoryEvent)
 // follow delivers job's history events in order, each once even if it was
 // published again after a crash, until fn returns false, ctx ends, or
 // (stopAtEnd) the stream has no more.
-func (c *Client) follow(ctx context.Context, id string, fn func(HistoryEvent, uint64) bool, stopAtEnd bool) error {
+func (c *Client) follow(ctx context.Context, id string, fn func(schemas.HistoryEvent, uint64) bool, stopAtEnd bool) error {
 	cons, err := c.store.JS.OrderedConsumer(ctx, c.store.Names.HistoryStream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{c.store.Names.HistorySubject(id)},
 	})
@@ -363,7 +400,7 @@ func (c *Client) follow(ctx context.Context, id string, fn func(HistoryEvent, ui
 			}
 			return fmt.Errorf("follow history of %s: %w", id, err)
 		}
-		evs, err := DecodeHistory(m.Data())
+		evs, err := schemas.DecodeHistory(m.Data())
 		if err != nil {
 			continue
 		}
@@ -394,7 +431,7 @@ func (c *Client) follow(ctx context.Context, id string, fn func(HistoryEvent, ui
 // started with, ignoring white space (key order still counts, which only
 // costs a warning).
 func sameInput(digestOf string, input json.RawMessage) bool {
-	return inputDigest(input) == digestOf
+	return schemas.InputDigest(input) == digestOf
 }
 
 func short(hash string) string {
@@ -495,7 +532,7 @@ func (c *Client) ResolveEffect(ctx context.Context, key string, r schemas.Effect
 		if len(rec.Result) == 0 {
 			rec.Result = json.RawMessage("{}")
 		}
-		rec.ResultDigest = digest(rec.Result)
+		rec.ResultDigest = schemas.Digest(rec.Result)
 	}
 	rev, err := c.store.Effects.Update(ctx, &rec, ent.Revision)
 	if err != nil {
@@ -511,7 +548,7 @@ func (c *Client) announceResolution(ctx context.Context, rec *schemas.EffectReco
 	ev := nats.NewMsg(c.store.Names.HistorySubject(rec.Job))
 	ev.Data = schemas.AppendEffectEvent(nil, "/waymark/client", schemas.EventEffectReconciled, rec, rev, now)
 	ev.Header.Set(jetstream.MsgIDHeader, rec.Job+"/effect/"+strconv.FormatUint(rev, 10)+"/reconciled")
-	ev.Header.Set("Content-Type", HistoryContentType)
+	ev.Header.Set("Content-Type", schemas.HistoryContentType)
 	if _, err := c.store.JS.PublishMsg(ctx, ev); err != nil {
 		return fmt.Errorf("resolve effect %s: recorded; appending it to history failed, run the command again: %w", key, err)
 	}

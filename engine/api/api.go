@@ -1,4 +1,4 @@
-package engine
+package api
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/schemas"
 )
 
@@ -33,7 +34,7 @@ const MaxRequestBytes = 8 << 20
 // Errors are {"error": {"code", "message", "problems"?}} with 400 for bad
 // input, 404 for unknown jobs and workflows, 500 otherwise.
 type API struct {
-	Client *Client
+	Client *client.Client
 	// Checks run on uploaded definitions besides the schema (transition
 	// conditions, known kinds); see schemas.LoadOptions.
 	Checks []schemas.CheckFunc
@@ -109,7 +110,7 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status, body.Code = http.StatusBadRequest, schemas.AsError(err).Code
 	case errors.Is(err, schemas.ErrQuarantined):
 		status, body.Code = http.StatusConflict, schemas.CodeQuarantined
-	case errors.Is(err, ErrNotAmbiguous), errors.Is(err, schemas.ErrConflict), errors.Is(err, schemas.ErrTooLarge):
+	case errors.Is(err, client.ErrNotAmbiguous), errors.Is(err, schemas.ErrConflict), errors.Is(err, schemas.ErrTooLarge):
 		status, body.Code = http.StatusConflict, schemas.CodeConflict
 	}
 	if status == http.StatusInternalServerError && a.Logger != nil {
@@ -144,7 +145,7 @@ func (a *API) putWorkflow(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
-	if err := a.Client.store.Definitions.Put(r.Context(), def); err != nil {
+	if err := a.Client.Store().Definitions.Put(r.Context(), def); err != nil {
 		a.fail(w, r, err)
 		return
 	}
@@ -177,15 +178,15 @@ func (a *API) startJob(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, badRequest("set exactly one of workflow and definition_hash"))
 		return
 	case req.Workflow != "":
-		def, err = a.Client.store.Definitions.Latest(ctx, req.Workflow)
+		def, err = a.Client.Store().Definitions.Latest(ctx, req.Workflow)
 	default:
-		def, err = a.Client.store.Definitions.Get(ctx, req.DefinitionHash)
+		def, err = a.Client.Store().Definitions.Get(ctx, req.DefinitionHash)
 	}
 	if err != nil {
 		a.fail(w, r, err)
 		return
 	}
-	res, err := a.Client.Start(ctx, def, req.Input, StartOptions{JobID: req.JobID, Vars: req.Vars})
+	res, err := a.Client.Start(ctx, def, req.Input, client.StartOptions{JobID: req.JobID, Vars: req.Vars})
 	if err != nil {
 		a.fail(w, r, err)
 		return
@@ -223,7 +224,7 @@ func (a *API) listJobs(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
-	f := ListFilter{Status: schemas.JobStatus(q.Get("status")), Workflow: q.Get("workflow")}
+	f := client.ListFilter{Status: schemas.JobStatus(q.Get("status")), Workflow: q.Get("workflow")}
 	if s := q.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > 10000 {
@@ -238,14 +239,14 @@ func (a *API) listJobs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if jobs == nil {
-		jobs = []JobSummary{}
+		jobs = []client.JobSummary{}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"jobs": jobs})
 }
 
 func (a *API) getJob(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	if err := ValidateJobID(id); err != nil {
+	if err := client.ValidateJobID(id); err != nil {
 		a.fail(w, r, schemas.Errorf(schemas.CodeNotFound, "no job %q", id))
 		return
 	}
@@ -259,11 +260,11 @@ func (a *API) getJob(w http.ResponseWriter, r *http.Request) {
 
 func (a *API) getHistory(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	if err := ValidateJobID(id); err != nil {
+	if err := client.ValidateJobID(id); err != nil {
 		a.fail(w, r, schemas.Errorf(schemas.CodeNotFound, "no job %q", id))
 		return
 	}
-	if _, err := a.Client.store.Checkpoints.Get(r.Context(), id); err != nil {
+	if _, err := a.Client.Store().Checkpoints.Get(r.Context(), id); err != nil {
 		a.fail(w, r, err)
 		return
 	}
@@ -273,7 +274,7 @@ func (a *API) getHistory(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if evs == nil {
-		evs = []HistoryEvent{}
+		evs = []schemas.HistoryEvent{}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"events": evs})
 }
@@ -294,7 +295,7 @@ func (a *API) listEffects(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
-	recs, err := a.Client.Effects(r.Context(), EffectFilter{Job: q.Get("job"), State: schemas.EffectState(q.Get("state"))})
+	recs, err := a.Client.Effects(r.Context(), client.EffectFilter{Job: q.Get("job"), State: schemas.EffectState(q.Get("state"))})
 	if err != nil {
 		a.fail(w, r, err)
 		return
