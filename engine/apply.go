@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/expr-lang/expr"
@@ -62,7 +63,9 @@ func newJob(c *compiled, req *schemas.StartRequest, msgID string, now time.Time)
 
 // dispatch records the next attempt of step in cp.Current (intent before
 // action, DESIGN.md invariant 2). newRun starts a new run of the step (its
-// retry budget restarts); notBefore delays the attempt.
+// retry budget restarts); notBefore delays the attempt. A step that is not
+// pure gets its effect's ledger key; a key template that cannot be
+// rendered fails the job (nothing was called).
 func dispatch(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, notBefore, now time.Time) event {
 	rec := cp.Steps[step]
 	if rec == nil {
@@ -74,6 +77,23 @@ func dispatch(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, not
 		}
 		cp.Steps[step] = rec
 	}
+	idx := c.def.StepIndex(step)
+	s := c.def.Step(step)
+	runs := rec.Runs
+	if newRun {
+		runs++
+	}
+	var key string
+	if c.def.EffectOf(s) != schemas.EffectPure {
+		k, err := schemas.EffectKey(c.def, s, cp.JobID, runs, c.keys[idx], cp.State, cp.Vars)
+		if err != nil {
+			return failJob(cp, &schemas.Error{Code: schemas.CodeInputInvalid, Job: cp.JobID, Step: step, Message: err.Error()}, now)
+		}
+		key = k
+		if c.keys[idx] != nil && !slices.Contains(cp.EffectKeys, key) {
+			cp.EffectKeys = append(cp.EffectKeys, key)
+		}
+	}
 	if newRun {
 		rec.Runs++
 		rec.RunAttempt = 0
@@ -81,14 +101,14 @@ func dispatch(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, not
 	rec.Attempts++
 	rec.RunAttempt++
 	rec.Status = schemas.StepDispatched
-	s := c.def.Step(step)
 	d := &schemas.Dispatch{
 		Step:         step,
 		Attempt:      rec.Attempts,
 		RunAttempt:   rec.RunAttempt,
-		MsgID:        schemas.StepMsgID(cp.JobID, step, rec.Attempts),
+		MsgID:        schemas.StepMsgID(cp.MsgPrefix(), step, rec.Attempts),
 		Pool:         c.def.PoolOf(s),
 		DispatchedAt: now,
+		EffectKey:    key,
 	}
 	if !notBefore.IsZero() && notBefore.After(now) {
 		nb := notBefore
@@ -97,7 +117,7 @@ func dispatch(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, not
 	}
 	cp.Current = d
 	return event{typ: schemas.EventStepDispatched, data: schemas.HistoryData{
-		Job: cp.JobID, Step: step, Attempt: d.Attempt, Status: string(rec.Status), NotBefore: notBefore,
+		Job: cp.JobID, Step: step, Attempt: d.Attempt, Status: string(rec.Status), NotBefore: notBefore, EffectKey: key,
 	}}
 }
 
@@ -106,6 +126,12 @@ func dispatch(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, not
 // budget is untouched (its run attempt stays): the loss was not the
 // step's failure. A late result of the old attempt is stale.
 func redispatchLost(cp *schemas.Checkpoint, now time.Time) event {
+	return redispatch(cp, now, "its message was lost with the queues (a server restart with memory queues): dispatched again")
+}
+
+// redispatch gives cp's current dispatch a new attempt number and message
+// id without using up a retry, for reason.
+func redispatch(cp *schemas.Checkpoint, now time.Time, reason string) event {
 	cur := *cp.Current
 	rec := cp.Steps[cur.Step]
 	if rec == nil { // cannot happen: the current step always has a record
@@ -114,12 +140,11 @@ func redispatchLost(cp *schemas.Checkpoint, now time.Time) event {
 	}
 	rec.Attempts++
 	cur.Attempt = rec.Attempts
-	cur.MsgID = schemas.StepMsgID(cp.JobID, cur.Step, rec.Attempts)
+	cur.MsgID = schemas.StepMsgID(cp.MsgPrefix(), cur.Step, rec.Attempts)
 	cur.DispatchedAt = now
 	cp.Current = &cur
 	return event{typ: schemas.EventStepDispatched, data: schemas.HistoryData{
-		Job: cp.JobID, Step: cur.Step, Attempt: cur.Attempt, Status: string(rec.Status),
-		Reason: "its message was lost with the queues (a server restart with memory queues): dispatched again",
+		Job: cp.JobID, Step: cur.Step, Attempt: cur.Attempt, Status: string(rec.Status), Reason: reason,
 	}}
 }
 
@@ -141,8 +166,7 @@ func dispatchOrStop(c *compiled, cp *schemas.Checkpoint, step string, newRun boo
 // events written. A result that does not match cp.Current exactly (step and
 // attempt) is stale (DESIGN.md invariant 3): cp is left unchanged.
 func applyResult(c *compiled, cp *schemas.Checkpoint, res *schemas.StepResult, now time.Time) (outcome, []event) {
-	cur := cp.Current
-	if cp.Status.Terminal() || cur == nil || cur.Step != res.Step || cur.Attempt != res.Attempt {
+	if !resultMayApply(cp, res) {
 		return outcomeStale, nil
 	}
 	idx := c.def.StepIndex(res.Step)
@@ -153,6 +177,11 @@ func applyResult(c *compiled, cp *schemas.Checkpoint, res *schemas.StepResult, n
 	rec := cp.Steps[res.Step]
 	rec.DurationMs = res.DurationMs
 	var evs []event
+	if res.Error != nil && res.Error.Code == schemas.CodeDefinitionMissing {
+		// The worker could not load the definition this engine has now: not
+		// the step's failure, so no retry is used up.
+		return outcomeApplied, []event{redispatch(cp, now, "the worker could not load the definition ("+res.Error.Message+"): dispatched again")}
+	}
 
 	stepErr := res.Error
 	var newState json.RawMessage
@@ -166,9 +195,9 @@ func applyResult(c *compiled, cp *schemas.Checkpoint, res *schemas.StepResult, n
 	}
 	if stepErr != nil {
 		if stepErr.Code == schemas.CodeAmbiguous {
-			return outcomeApplied, append(evs, blockStep(cp, step, rec, res, stepErr.At(cp.JobID, res.Step, res.Attempt)))
+			return outcomeApplied, append(evs, blockStep(c, cp, step, rec, res, stepErr.At(cp.JobID, res.Step, res.Attempt)))
 		}
-		return outcomeApplied, append(evs, failAttempt(c, cp, step, rec, stepErr.At(cp.JobID, res.Step, res.Attempt), now)...)
+		return outcomeApplied, append(evs, failAttempt(c, cp, step, rec, res, stepErr.At(cp.JobID, res.Step, res.Attempt), now)...)
 	}
 
 	cp.State = newState
@@ -277,18 +306,26 @@ func mergeResult(c *compiled, idx int, state, output json.RawMessage) (json.RawM
 
 // failAttempt records a failed attempt: another attempt after the retry
 // delay when the error is retryable and the budget allows, else the step
-// fails for good and the job follows on_error or fails.
-func failAttempt(c *compiled, cp *schemas.Checkpoint, step *schemas.Step, rec *schemas.StepRecord, e *schemas.Error, now time.Time) []event {
+// fails for good and the job follows on_error or fails. A step that fails
+// for good while its effect may have happened (the ledger says the call
+// was dispatched and its outcome never recorded) does neither: the job
+// stops in needs_reconciliation, for a person to say what happened.
+func failAttempt(c *compiled, cp *schemas.Checkpoint, step *schemas.Step, rec *schemas.StepRecord, res *schemas.StepResult, e *schemas.Error, now time.Time) []event {
 	policy := c.def.RetryOf(step)
 	retry := e.Retryable && rec.RunAttempt < policy.MaxAttempts
 	rec.LastError = e
 	ev := event{typ: schemas.EventStepFailed, data: schemas.HistoryData{
 		Job: cp.JobID, Step: step.ID, Attempt: cp.Current.Attempt, Error: e, Retrying: retry, DurationMs: rec.DurationMs,
+		EffectKey: res.EffectKey, EffectState: string(res.EffectState),
 	}}
 	if retry {
 		next := now.Add(policy.Delay(rec.RunAttempt + 1))
 		ev.data.NotBefore = next
 		return []event{ev, dispatchOrStop(c, cp, step.ID, false, next, now)}
+	}
+	if outcomeUnknown(c, step, res) {
+		ev.data.Reason = "the step failed for good while its effect may have happened"
+		return []event{ev, blockStep(c, cp, step, rec, res, e)}
 	}
 	rec.Status = schemas.StepFailed
 	cp.Current = nil
@@ -299,16 +336,34 @@ func failAttempt(c *compiled, cp *schemas.Checkpoint, step *schemas.Step, rec *s
 	return []event{ev, failJob(cp, e, now)}
 }
 
-// blockStep parks the job: the step's effect is ambiguous, and only a
-// person (engine effects resolve) can say whether it happened.
-func blockStep(cp *schemas.Checkpoint, step *schemas.Step, rec *schemas.StepRecord, res *schemas.StepResult, e *schemas.Error) event {
+// outcomeUnknown reports whether a failed attempt of step may have left
+// its effect done: the step is not pure and the ledger state it reported
+// says the call was dispatched (or its outcome is already ambiguous).
+func outcomeUnknown(c *compiled, step *schemas.Step, res *schemas.StepResult) bool {
+	if c.def.EffectOf(step) == schemas.EffectPure {
+		return false
+	}
+	switch res.EffectState {
+	case schemas.EffectDispatched, schemas.EffectAmbiguous:
+		return true
+	}
+	return false
+}
+
+// blockStep parks the job: the step's effect may have happened, and only a
+// person (engine effects resolve) or a late answer can say whether.
+func blockStep(c *compiled, cp *schemas.Checkpoint, step *schemas.Step, rec *schemas.StepRecord, res *schemas.StepResult, e *schemas.Error) event {
+	key := res.EffectKey
+	if key == "" && cp.Current != nil {
+		key = cp.Current.EffectKey
+	}
 	rec.Status = schemas.StepBlocked
 	rec.LastError = e
 	cp.Current = nil
 	cp.Status = schemas.JobNeedsReconciliation
-	cp.Blocked = &schemas.Blocked{Step: step.ID, EffectKey: res.EffectKey, Reason: e.Message}
+	cp.Blocked = &schemas.Blocked{Step: step.ID, EffectKey: key, Class: c.def.EffectOf(step), Reason: e.Message, LastError: e}
 	return event{typ: schemas.EventStepBlocked, data: schemas.HistoryData{
-		Job: cp.JobID, Step: step.ID, Attempt: res.Attempt, Status: string(cp.Status), Error: e, EffectKey: res.EffectKey,
+		Job: cp.JobID, Step: step.ID, Attempt: res.Attempt, Status: string(cp.Status), Error: e, EffectKey: key,
 	}}
 }
 
@@ -316,7 +371,7 @@ func blockStep(cp *schemas.Checkpoint, step *schemas.Step, rec *schemas.StepReco
 // effect the job is blocked on unblocks it: the step gets a new attempt,
 // which finds the settled record in the ledger. Anything else is stale.
 func applySignal(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now time.Time) (outcome, []event) {
-	if sig.Type != schemas.SignalEffectResolved || cp.Status != schemas.JobNeedsReconciliation || cp.Blocked == nil || cp.Blocked.EffectKey != sig.Key {
+	if !signalMayApply(cp, sig) {
 		return outcomeStale, nil
 	}
 	step := cp.Blocked.Step

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"text/template"
 
 	"github.com/expr-lang/expr"
 	"github.com/expr-lang/expr/vm"
@@ -20,6 +21,7 @@ type compiled struct {
 	state  *schemas.Validator
 	output []*schemas.Validator // by step index
 	next   [][]transition       // by step index
+	keys   []*template.Template // by step index: the idempotency_key template, if any
 	// needsDoc reports, by step index, whether deciding after the step
 	// needs the decoded state (a condition, or a state schema).
 	needsDoc []bool
@@ -77,6 +79,7 @@ func compile(def *schemas.Definition) (*compiled, error) {
 		output:   make([]*schemas.Validator, len(def.Steps)),
 		next:     make([][]transition, len(def.Steps)),
 		needsDoc: make([]bool, len(def.Steps)),
+		keys:     make([]*template.Template, len(def.Steps)),
 	}
 	var err error
 	if c.input, err = schemas.CompileSchema("input_schema", def.InputSchema); err != nil {
@@ -90,6 +93,9 @@ func compile(def *schemas.Definition) (*compiled, error) {
 			return nil, err
 		}
 		c.needsDoc[i] = c.state != nil
+		if c.keys[i], err = schemas.ParseEffectKey(s.ID, s.IdempotencyKey); err != nil {
+			return nil, schemas.Errorf(schemas.CodeDefinitionInvalid, "steps[%d]: %v", i, err)
+		}
 		for j, t := range s.Next {
 			tr := transition{Transition: t}
 			if t.When != "" {

@@ -14,8 +14,10 @@ import (
 // Defaults for Config.
 const (
 	DefaultBatchSize         = 256
-	DefaultCacheSize         = 1024
+	DefaultCacheBytes        = 64 << 20
 	DefaultReconcileInterval = 15 * time.Second
+	DefaultSweepInterval     = time.Hour
+	DefaultOrphanGrace       = 10 * time.Minute
 	DefaultStallGrace        = 30 * time.Second
 	DefaultPublishTimeout    = 10 * time.Second
 )
@@ -34,22 +36,22 @@ type Config struct {
 	// BatchSize caps the inbox messages one lane handles in one round of
 	// writes and publishes. Default 256.
 	BatchSize int
-	// CacheSize caps checkpoints kept in memory, in entries. The cache only
-	// saves reads: every write is still a compare-and-swap. Default 1024.
-	CacheSize int
+	// CacheBytes caps the checkpoints kept in memory, in bytes of their
+	// encoding (the least recently used go first). The cache only saves
+	// reads: every write is still a compare-and-swap, and what the engine
+	// decides and writes is the same with an empty cache. Default 64 MiB
+	// (about 25,000 jobs of 1 KiB state); negative keeps nothing.
+	CacheBytes int
 	// ReconcileInterval is how often the reconciler scans running jobs for
 	// dispatches whose result never came. Default 15s; negative disables.
 	ReconcileInterval time.Duration
-	// HistoryBatch is how many transitions' events a job's checkpoint
-	// carries before they are published to the history stream together;
-	// a job that stops (completes, fails, needs a person) publishes at
-	// once. Until then the events are durable in the checkpoint (its
-	// outbox), and Client.History and Client.Wait read them there. 1
-	// publishes after every transition. Default 8.
-	HistoryBatch int
-	// EffectSweepInterval is how often the effect ledger is swept of
-	// records past their retention (kv.Config.EffectRetention). Default 1h.
-	EffectSweepInterval time.Duration
+	// SweepInterval is how often finished jobs past their retention
+	// (kv.Config.JobRetention) are removed. Default 1h.
+	SweepInterval time.Duration
+	// OrphanGrace is how old an index entry without a checkpoint (a client
+	// that died between the two writes that create a job) must be before
+	// the reconciler removes it. Default 10m.
+	OrphanGrace time.Duration
 	// StallGrace is added to a step's timeout and twice the work ack wait
 	// before the reconciler declares an attempt lost. Default 30s.
 	StallGrace time.Duration
@@ -85,17 +87,17 @@ func (c Config) WithDefaults() Config {
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
 	}
-	if c.CacheSize == 0 {
-		c.CacheSize = DefaultCacheSize
+	if c.CacheBytes == 0 {
+		c.CacheBytes = DefaultCacheBytes
 	}
 	if c.ReconcileInterval == 0 {
 		c.ReconcileInterval = DefaultReconcileInterval
 	}
-	if c.HistoryBatch == 0 {
-		c.HistoryBatch = 8
+	if c.SweepInterval == 0 {
+		c.SweepInterval = DefaultSweepInterval
 	}
-	if c.EffectSweepInterval == 0 {
-		c.EffectSweepInterval = time.Hour
+	if c.OrphanGrace == 0 {
+		c.OrphanGrace = DefaultOrphanGrace
 	}
 	if c.StallGrace == 0 {
 		c.StallGrace = DefaultStallGrace
@@ -117,10 +119,12 @@ func (c Config) validate() error {
 		return fmt.Errorf("engine config: Lanes %d: want 1..4096", c.Lanes)
 	case c.BatchSize < 1 || c.BatchSize > 10000:
 		return fmt.Errorf("engine config: BatchSize %d: want 1..10000", c.BatchSize)
-	case c.HistoryBatch < 1 || c.HistoryBatch > 256:
-		return fmt.Errorf("engine config: HistoryBatch %d: want 1..256", c.HistoryBatch)
-	case c.CacheSize < 1:
-		return fmt.Errorf("engine config: CacheSize %d: want at least 1", c.CacheSize)
+	case c.SweepInterval < 0:
+		return fmt.Errorf("engine config: SweepInterval %v: want a positive duration (0 means the default, %v)", c.SweepInterval, DefaultSweepInterval)
+	case c.OrphanGrace < 0:
+		return fmt.Errorf("engine config: OrphanGrace %v: want a positive duration (0 means the default, %v)", c.OrphanGrace, DefaultOrphanGrace)
+	case c.StallGrace < 0:
+		return fmt.Errorf("engine config: StallGrace %v: want a positive duration (0 means the default, %v)", c.StallGrace, DefaultStallGrace)
 	case c.PublishTimeout < 10*time.Millisecond:
 		return fmt.Errorf("engine config: PublishTimeout %v: want at least 10ms", c.PublishTimeout)
 	}

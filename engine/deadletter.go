@@ -83,23 +83,40 @@ func (e *Engine) deadLetter(ctx context.Context, adv deliveryExceeded) error {
 		e.log.Error("removing an unreadable dead letter", "stream_seq", adv.StreamSeq, "err", err)
 		return stream.DeleteMsg(ctx, adv.StreamSeq)
 	}
+	return e.deadLetterStep(ctx, sm.Job, sm.Step, sm.Attempt, raw.Header.Get(jetstream.MsgIDHeader), sm.EffectKey, adv.StreamSeq, adv.Deliveries,
+		fmt.Sprintf("delivered %d times, the maximum, and never finished (a worker died or stalled on it every time)", adv.Deliveries))
+}
+
+// deadLetterStep fails the attempt whose step message at seq will never be
+// delivered again: it publishes a failed, non-retryable result for it,
+// with the ledger state of its effect (so that a step whose call may have
+// happened stops in needs_reconciliation instead of failing), then removes
+// the message. Both steps may be repeated.
+func (e *Engine) deadLetterStep(ctx context.Context, job, step string, attempt int, msgID, effectKey string, seq, deliveries uint64, why string) error {
+	if msgID == "" {
+		msgID = schemas.StepMsgID(job, step, attempt)
+	}
+	state, err := e.effectState(ctx, effectKey)
+	if err != nil {
+		return fmt.Errorf("dead letter of %s: %w", job, err)
+	}
 	e.ctr.deadLetters.Add(1)
-	e.log.Warn("poison step: its message was delivered the maximum number of times without a result",
-		"job", sm.Job, "step", sm.Step, "attempt", sm.Attempt, "deliveries", adv.Deliveries)
-	res := &schemas.StepResult{Job: sm.Job, Step: sm.Step, Attempt: sm.Attempt, Error: &schemas.Error{
+	e.log.Warn("poison step: its message will not be delivered again", "job", job, "step", step, "attempt", attempt,
+		"deliveries", deliveries, "effect_state", state, "why", why)
+	res := &schemas.StepResult{Job: job, Step: step, Attempt: attempt, EffectKey: effectKey, EffectState: state, Error: &schemas.Error{
 		Code:    schemas.CodeStepFailed,
-		Message: fmt.Sprintf("poison step: delivered %d times and never finished (a worker died or stalled on it every time); it will not be delivered again", adv.Deliveries),
+		Message: fmt.Sprintf("poison step: %s; it will not be delivered again", why),
 	}}
-	m := nats.NewMsg(e.store.Names.InboxSubject(kv.InboxResult, sm.Job))
+	m := nats.NewMsg(e.store.Names.InboxSubject(kv.InboxResult, job))
 	if m.Data, err = schemas.EncodeStepResult(res, m.Header); err != nil {
 		return err
 	}
-	m.Header.Set(jetstream.MsgIDHeader, schemas.ResultMsgID(sm.Job, sm.Step, sm.Attempt)+"/dead-letter")
+	m.Header.Set(jetstream.MsgIDHeader, msgID+"/result/dead-letter")
 	if _, err := e.store.JS.PublishMsg(ctx, m); err != nil {
-		return fmt.Errorf("report dead letter of %s: %w", sm.Job, err)
+		return fmt.Errorf("report dead letter of %s: %w", job, err)
 	}
-	if err := stream.DeleteMsg(ctx, adv.StreamSeq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return fmt.Errorf("remove dead letter %d: %w", adv.StreamSeq, err)
+	if err := e.store.Queues.RemoveStep(ctx, seq); err != nil {
+		return fmt.Errorf("dead letter of %s: %w", job, err)
 	}
 	return nil
 }

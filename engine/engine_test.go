@@ -580,7 +580,7 @@ steps:
 	// Purge the message (the stream lost it), then move the clock past
 	// timeout + 2 x ack wait + grace.
 	s, _ := b.store.JS.Stream(context.Background(), b.store.Names.WorkStream)
-	if err := s.Purge(context.Background(), jetstream.WithPurgeSubject(b.store.Names.WorkSubject("slow"))); err != nil {
+	if err := s.Purge(context.Background(), jetstream.WithPurgeSubject(b.store.Names.WorkSubject("slow", id))); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.engine.Reconcile(context.Background()); err != nil {

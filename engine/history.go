@@ -7,38 +7,34 @@ import (
 	"github.com/waymark-dev/waymark/schemas"
 )
 
-// historyBatches encodes a checkpoint's pending events as one history
-// message, a CloudEvents batch, with dedup id "<job>/<first seq>-<last seq>":
-// publishing the same events again after a crash is dropped by the
-// stream, and a batch that overlaps an earlier one is told apart by its
-// readers, which skip event ids they have seen.
-func historyBatches(job string, evs []schemas.Event) (ids []string, bodies [][]byte) {
-	if len(evs) == 0 {
-		return nil, nil
+// historyMessage is one message of the history stream: the events of one
+// checkpoint sequence as a CloudEvents batch.
+type historyMessage struct {
+	id   string // Nats-Msg-Id: "<msg prefix>/<seq>" (Checkpoint.MsgPrefix)
+	seq  uint64
+	body []byte
+}
+
+// historyMessages encodes events as history messages, one per checkpoint
+// sequence, in order. Publishing one again (after a crash, or by another
+// engine that could not tell it was stored) carries the same id and the
+// same events.
+func historyMessages(job, prefix string, evs []schemas.Event) []historyMessage {
+	var out []historyMessage
+	for start := 0; start < len(evs); {
+		seq := evs[start].Data.Seq
+		end := start + 1
+		for end < len(evs) && evs[end].Data.Seq == seq {
+			end++
+		}
+		out = append(out, historyMessage{
+			id:   prefix + "/" + strconv.FormatUint(seq, 10),
+			seq:  seq,
+			body: schemas.AppendHistoryBatch(nil, schemas.HistorySourceEngine, job, seq, evs[start:end]),
+		})
+		start = end
 	}
-	body := make([]byte, 0, 256*len(evs))
-	body = append(body, '[')
-	var seq uint64
-	start := 0
-	for i := 0; i <= len(evs); i++ {
-		if i < len(evs) && (i == start || evs[i].Data.Seq == seq) {
-			seq = evs[i].Data.Seq
-			continue
-		}
-		// evs[start:i] share one sequence: append them without the array's
-		// brackets.
-		part := schemas.AppendHistoryBatch(nil, schemas.HistorySourceEngine, job, seq, evs[start:i])
-		if len(body) > 1 {
-			body = append(body, ',')
-		}
-		body = append(body, part[1:len(part)-1]...)
-		if i < len(evs) {
-			start, seq = i, evs[i].Data.Seq
-		}
-	}
-	body = append(body, ']')
-	id := job + "/" + strconv.FormatUint(evs[0].Data.Seq, 10) + "-" + strconv.FormatUint(evs[len(evs)-1].Data.Seq, 10)
-	return []string{id}, [][]byte{body}
+	return out
 }
 
 // stamp turns the events of one transition into checkpoint events,
@@ -51,7 +47,7 @@ func stamp(evs []event, seq uint64, now time.Time) []schemas.Event {
 		ev.data.Seq = seq
 		if n := len(out); ev.typ == schemas.EventStepDispatched && n > 0 {
 			switch prev := &out[n-1]; prev.Type {
-			case schemas.EventStepCompleted, schemas.EventStepFailed, schemas.EventStepUnblocked:
+			case schemas.EventStepCompleted, schemas.EventStepFailed, schemas.EventStepUnblocked, schemas.EventJobUnblocked:
 				prev.Data.Next, prev.Data.NextAttempt = ev.data.Step, ev.data.Attempt
 				if !ev.data.NotBefore.IsZero() {
 					prev.Data.NotBefore = ev.data.NotBefore

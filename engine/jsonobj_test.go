@@ -85,7 +85,7 @@ func FuzzSetMembers(f *testing.F) {
 	})
 }
 
-func TestHistoryBatchesOneMessagePerFlush(t *testing.T) {
+func TestHistoryMessagesOnePerSequence(t *testing.T) {
 	t.Parallel()
 	now := time.Now().UTC()
 	evs := []schemas.Event{
@@ -93,15 +93,19 @@ func TestHistoryBatchesOneMessagePerFlush(t *testing.T) {
 		{Type: schemas.EventStepDispatched, Time: now, Data: schemas.HistoryData{Job: "j", Seq: 3, Step: "b"}},
 		{Type: schemas.EventStepCompleted, Time: now, Data: schemas.HistoryData{Job: "j", Seq: 4, Step: "b"}},
 	}
-	ids, bodies := historyBatches("j", evs)
-	if len(ids) != 1 || ids[0] != "j/3-4" {
-		t.Fatalf("ids = %v", ids)
-	}
-	got, err := schemas.DecodeHistory(bodies[0])
-	if err != nil {
-		t.Fatal(err)
+	msgs := historyMessages("j", "j", evs)
+	if len(msgs) != 2 || msgs[0].id != "j/3" || msgs[0].seq != 3 || msgs[1].id != "j/4" || msgs[1].seq != 4 {
+		t.Fatalf("messages %+v", msgs)
 	}
 	want := schemas.CheckpointHistory("j", evs)
+	var got []schemas.HistoryEvent
+	for _, m := range msgs {
+		part, err := schemas.DecodeHistory(m.body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, part...)
+	}
 	if len(got) != 3 || got[0].ID != "j/3/0" || got[1].ID != "j/3/1" || got[2].ID != "j/4/0" {
 		t.Fatalf("events %+v", got)
 	}

@@ -4,22 +4,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
 )
 
-// reconcileLoop runs Reconcile every ReconcileInterval until ctx ends.
-// Recovery is periodic, not a one-shot pass at start-up (DESIGN.md,
-// recovery rules); errors are counted and logged, and the next pass tries
-// again.
+// reconcileLoop runs Reconcile every ReconcileInterval, and SweepJobs
+// every SweepInterval, until ctx ends. Recovery is periodic, not a one-shot
+// pass at start-up (DESIGN.md, recovery rules); errors are counted and
+// logged, and the next pass tries again.
 func (e *Engine) reconcileLoop(ctx context.Context, checkQueues func()) {
 	t := time.NewTicker(e.cfg.ReconcileInterval)
 	defer t.Stop()
-	var lastSweep time.Time
+	lastSweep := e.cfg.Now().Add(-e.cfg.SweepInterval + e.cfg.ReconcileInterval) // first sweep soon after start
 	for {
 		select {
 		case <-ctx.Done():
@@ -28,165 +28,273 @@ func (e *Engine) reconcileLoop(ctx context.Context, checkQueues func()) {
 			checkQueues()
 			if err := e.Reconcile(ctx); err != nil && ctx.Err() == nil {
 				e.ctr.reconcileErrors.Add(1)
-				e.log.Warn("reconcile pass failed; retrying next interval", "err", err)
+				e.log.Warn("reconcile pass incomplete; retrying next interval", "err", err)
 			}
-			if now := e.cfg.Now(); now.Sub(lastSweep) >= e.cfg.EffectSweepInterval {
+			if now := e.cfg.Now(); now.Sub(lastSweep) >= e.cfg.SweepInterval {
 				lastSweep = now
-				if err := e.SweepEffects(ctx); err != nil && ctx.Err() == nil {
+				if err := e.SweepJobs(ctx); err != nil && ctx.Err() == nil {
 					e.ctr.reconcileErrors.Add(1)
-					e.log.Warn("effect sweep failed; retrying later", "err", err)
+					e.log.Warn("retention sweep incomplete; retrying later", "err", err)
 				}
 			}
 		}
 	}
 }
 
-// SweepEffects removes effect records whose job ended more than the
-// layout's EffectRetention ago (or whose job no longer exists and which
-// have not changed for that long). Records of jobs that have not ended are
-// kept, however old: the ledger outlives the duplicate window for the
-// job's whole life (DESIGN.md invariant 5).
-func (e *Engine) SweepEffects(ctx context.Context) error {
-	now := e.cfg.Now()
-	keep := e.store.Config.EffectRetention
-	ended := map[string]*time.Time{} // job → when it ended; nil: running
-	gone := map[string]bool{}
-	var doomed []string
-	var firstErr error
-	err := e.store.Effects.List(ctx, func(ent kv.EffectEntry) bool {
-		r := ent.Record
-		when, seen := ended[r.Job]
-		if !seen && !gone[r.Job] {
-			got, err := e.store.Checkpoints.Get(ctx, r.Job)
-			switch {
-			case errors.Is(err, schemas.ErrNotFound):
-				gone[r.Job] = true
-			case err != nil:
-				if firstErr == nil && !errors.Is(err, schemas.ErrQuarantined) {
-					firstErr = err
-				}
-				ended[r.Job] = nil
-			default:
-				if got.Checkpoint.Status.Terminal() {
-					when = got.Checkpoint.CompletedAt
-				}
-				ended[r.Job] = when
-			}
-		}
-		switch {
-		case gone[r.Job] && now.Sub(r.UpdatedAt) > keep:
-			doomed = append(doomed, r.Key)
-		case when != nil && now.Sub(*when) > keep:
-			doomed = append(doomed, r.Key)
-		}
-		return true
-	})
-	if err != nil {
-		return err
-	}
-	for _, k := range doomed {
-		if err := e.store.Effects.Delete(ctx, k); err != nil {
-			if firstErr == nil {
-				firstErr = err
-			}
-			continue
-		}
-		e.ctr.swept.Add(1)
-	}
-	return firstErr
-}
-
-// Reconcile makes one pass over the running jobs and declares lost every
-// attempt whose result is overdue: no result within the step's timeout,
-// twice the work ack wait and StallGrace after it was dispatched (or after
-// its retry delay). A lost attempt counts as a retryable timeout: the step
-// is attempted again with a new attempt number under its retry policy, and
-// a late result of the lost attempt is dropped as stale. Every write is a
-// compare-and-swap on the revision read, so a job that moved on meanwhile
-// is left alone. It returns the first error after trying every job.
+// Reconcile makes one pass over the jobs that may still change: the active
+// entries of the job index, never a finished job. For each it reads the
+// checkpoint and repairs what a lost message or a crash left:
+//
+//   - an index entry without a checkpoint older than OrphanGrace (a client
+//     died between the two writes that create a job) is removed;
+//   - a finished job still indexed as active (an engine died between the
+//     terminal checkpoint and the index) gets its final history published
+//     and its index entry moved;
+//   - a pending job whose start request was lost is started;
+//   - a running job whose attempt is overdue is looked up in the work and
+//     inbox streams: a step message still queued waits for a worker (or,
+//     past its last possible delivery, is a dead letter); a result waiting
+//     is left to the inbox; neither means the attempt was lost, and it is
+//     declared so (a retryable timeout, or needs_reconciliation when the
+//     effect may have happened and no retry is left);
+//   - a job waiting on an effect that was resolved meanwhile (the signal
+//     was lost) goes on;
+//   - a job blocked on its definition goes on once it is stored again.
+//
+// Every write is a compare-and-swap on the revision read, so a job that
+// moved on meanwhile is left alone. It returns the first error after
+// trying every job; each failure is also counted.
 func (e *Engine) Reconcile(ctx context.Context) error {
 	now := e.cfg.Now()
-	var firstErr error
-	var overdue, pending []kv.Entry
-	var oldest time.Duration
-	err := e.store.Checkpoints.List(ctx, func(job string, ent kv.Entry, err error) bool {
-		if err != nil {
-			if firstErr == nil && !errors.Is(err, schemas.ErrQuarantined) {
-				firstErr = err
-			}
-			return true
-		}
-		cp := ent.Checkpoint
-		if cp.Status == schemas.JobRunning {
-			oldest = max(oldest, now.Sub(cp.UpdatedAt))
-		}
-		if cp.Status == schemas.JobPending && now.Sub(cp.UpdatedAt) > e.cfg.ReconcileInterval {
-			// Its client stored it and then its start request was lost.
-			pending = append(pending, ent)
-			return true
-		}
-		if cp.Status != schemas.JobRunning || cp.Current == nil {
-			return true
-		}
-		def, err := e.store.Definitions.Get(ctx, cp.DefinitionHash)
-		if err != nil {
-			if firstErr == nil {
-				firstErr = fmt.Errorf("reconcile job %s: %w", job, err)
-			}
-			return true
-		}
-		s := def.Step(cp.Current.Step)
-		if s == nil {
-			return true
-		}
-		from := cp.Current.DispatchedAt
-		if nb := cp.Current.NotBefore; nb != nil && nb.After(from) {
-			from = *nb
-		}
-		deadline := from.Add(def.TimeoutOf(s) + 2*e.store.Config.WorkAckWait + e.cfg.StallGrace)
-		if now.After(deadline) {
-			overdue = append(overdue, ent)
-		}
+	var entries []kv.IndexEntry
+	if err := e.store.Jobs.Active(ctx, func(ie kv.IndexEntry) bool {
+		entries = append(entries, ie)
 		return true
-	})
-	if err != nil {
+	}); err != nil {
 		return err
 	}
+	e.ctr.activeJobs.Store(int64(len(entries)))
+	var (
+		mu       sync.Mutex
+		firstErr error
+		oldest   time.Duration
+		waiting  atomic.Int64
+		wg       sync.WaitGroup
+	)
+	sem := make(chan struct{}, 16)
+	for _, ie := range entries {
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(ie kv.IndexEntry) {
+			defer func() { <-sem; wg.Done() }()
+			age, w, err := e.reconcileJob(ctx, ie, now)
+			mu.Lock()
+			defer mu.Unlock()
+			oldest = max(oldest, age)
+			if w {
+				waiting.Add(1)
+			}
+			if err != nil {
+				e.ctr.reconcileErrors.Add(1)
+				if firstErr == nil {
+					firstErr = err
+				}
+			}
+		}(ie)
+	}
+	wg.Wait()
 	e.ctr.oldestRunning.Store(oldest.Milliseconds())
-	for _, ent := range pending {
-		if err := e.startPending(ctx, ent, now); err != nil && firstErr == nil {
-			firstErr = err
-		}
-	}
-	waiting := map[string]bool{} // pool → its queue holds undelivered messages
-	for _, ent := range overdue {
-		pool := ent.Checkpoint.Current.Pool
-		w, checked := waiting[pool]
-		if !checked {
-			w = e.poolBacklogged(ctx, pool)
-			waiting[pool] = w
-		}
-		if w {
-			// The step message is most likely still queued, waiting for a
-			// worker of its pool: not lost, and not worth an attempt.
-			e.log.Warn("step waits for a worker of its pool", "job", ent.Checkpoint.JobID, "step", ent.Checkpoint.Current.Step, "pool", pool)
-			continue
-		}
-		if err := e.loseAttempt(ctx, ent, now); err != nil && firstErr == nil {
-			firstErr = err
-		}
-	}
+	e.ctr.waitingForWorkers.Store(waiting.Load())
 	return firstErr
+}
+
+// reconcileJob handles one active index entry. It returns the age of a
+// running job's checkpoint and whether its step waits for a worker.
+func (e *Engine) reconcileJob(ctx context.Context, ie kv.IndexEntry, now time.Time) (age time.Duration, waiting bool, err error) {
+	ent, err := e.store.Checkpoints.Get(ctx, ie.Job)
+	switch {
+	case errors.Is(err, schemas.ErrNotFound):
+		if now.Sub(ie.CreatedAt) <= e.cfg.OrphanGrace {
+			return 0, false, nil // its client may still be writing the checkpoint
+		}
+		if err := e.store.Jobs.Remove(ctx, ie.Key, ie.Revision); err != nil {
+			return 0, false, fmt.Errorf("reconcile job %s: remove its orphan index entry: %w", ie.Job, err)
+		}
+		e.ctr.indexRepaired.Add(1)
+		e.log.Info("removed an index entry whose job was never created (its client died between the two writes)", "job", ie.Job)
+		return 0, false, nil
+	case errors.Is(err, schemas.ErrQuarantined):
+		e.ctr.quarantined.Add(1)
+		if e.quiet.allow("quarantine/"+ie.Job, now) {
+			e.log.Error("job quarantined: its checkpoint cannot be trusted; fix or delete it by hand", "job", ie.Job, "err", err)
+		}
+		return 0, false, nil
+	case err != nil:
+		return 0, false, fmt.Errorf("reconcile job %s: %w", ie.Job, err)
+	}
+	cp := ent.Checkpoint
+	switch cp.Status {
+	case schemas.JobCompleted, schemas.JobFailed:
+		return 0, false, e.finishEnded(ctx, ent, ie.Revision)
+	case schemas.JobPending:
+		if now.Sub(cp.UpdatedAt) > e.cfg.ReconcileInterval {
+			return 0, false, e.startPending(ctx, ent, now)
+		}
+	case schemas.JobRunning:
+		age = now.Sub(cp.UpdatedAt)
+		if cp.Current == nil {
+			return age, false, nil
+		}
+		waiting, err = e.checkOverdue(ctx, ent, now)
+		return age, waiting, err
+	case schemas.JobNeedsReconciliation:
+		return 0, false, e.resumeResolved(ctx, ent, now)
+	case schemas.JobBlocked:
+		return 0, false, e.unblockDefinition(ctx, ent, now)
+	}
+	return 0, false, nil
+}
+
+// finishEnded completes what the engine that finished a job could not:
+// its last events stored, its index entry moved to ended.
+func (e *Engine) finishEnded(ctx context.Context, ent kv.Entry, activeRev uint64) error {
+	cp := ent.Checkpoint
+	if len(cp.Events) > 0 {
+		last, err := e.store.History.LastSeq(ctx, cp.JobID)
+		if err != nil {
+			return fmt.Errorf("reconcile job %s: %w", cp.JobID, err)
+		}
+		if evs := unpublished(cp.Events, last); len(evs) > 0 {
+			fs, err := e.publishEvents(cp, evs)
+			if err == nil {
+				wctx, cancel := context.WithTimeout(ctx, e.cfg.PublishTimeout)
+				err = waitAll(wctx, fs)
+				cancel()
+			}
+			if err != nil {
+				return fmt.Errorf("reconcile job %s: publish its final history: %w", cp.JobID, err)
+			}
+			e.ctr.historyRepublished.Add(1)
+		}
+	}
+	if err := e.store.Jobs.End(ctx, cp, activeRev); err != nil {
+		return fmt.Errorf("reconcile job %s: %w", cp.JobID, err)
+	}
+	e.ctr.indexRepaired.Add(1)
+	e.log.Info("finished indexing a job whose engine stopped before it could", "job", cp.JobID, "status", cp.Status)
+	return nil
+}
+
+// checkOverdue declares a running job's attempt lost when the facts say
+// so; see Reconcile. It reports whether the step waits for a worker.
+func (e *Engine) checkOverdue(ctx context.Context, ent kv.Entry, now time.Time) (waiting bool, err error) {
+	cp := ent.Checkpoint
+	cur := cp.Current
+	def, err := e.store.Definitions.Get(ctx, cp.DefinitionHash)
+	if err != nil {
+		if errors.Is(err, schemas.ErrNotFound) {
+			return false, nil // the next message of the job blocks it
+		}
+		return false, fmt.Errorf("reconcile job %s: %w", cp.JobID, err)
+	}
+	s := def.Step(cur.Step)
+	if s == nil {
+		return false, nil
+	}
+	from := cur.DispatchedAt
+	if nb := cur.NotBefore; nb != nil && nb.After(from) {
+		from = *nb
+	}
+	timeout := def.TimeoutOf(s)
+	ackWait := e.store.Config.WorkAckWait
+	if now.Before(from.Add(timeout + 2*ackWait + e.cfg.StallGrace)) {
+		return false, nil
+	}
+	facts, err := e.dispatchFacts(ctx, cp)
+	if err != nil {
+		return false, fmt.Errorf("reconcile job %s: %w", cp.JobID, err)
+	}
+	switch {
+	case facts.answered:
+		return false, nil // its result waits in the inbox
+	case facts.queued:
+		if md := e.store.Config.WorkMaxDeliver; md > 0 {
+			// Every delivery lasts at most the step's timeout plus a lease;
+			// past the last one the message is never delivered again.
+			horizon := time.Duration(md) * (timeout + ackWait)
+			if now.Sub(facts.stored) > horizon+e.cfg.StallGrace {
+				return false, e.deadLetterStep(ctx, cp.JobID, cur.Step, cur.Attempt, cur.MsgID, cur.EffectKey, facts.seq, uint64(md),
+					"its message reached the pool's last delivery and no engine heard of it")
+			}
+		}
+		if e.quiet.allow("waiting/"+cp.JobID, now) {
+			e.log.Warn("step waits for a worker of its pool", "job", cp.JobID, "step", cur.Step, "pool", cur.Pool,
+				"waited", now.Sub(from).Round(time.Second))
+		}
+		return true, nil
+	}
+	return false, e.loseAttempt(ctx, ent, now)
+}
+
+// dispatchState is what the streams say of a job's current dispatch.
+type dispatchState struct {
+	queued   bool // its step message is in the work stream
+	seq      uint64
+	stored   time.Time
+	answered bool // its result is in the inbox
+}
+
+// dispatchFacts looks cp's current dispatch up: first in the work stream,
+// then in the inbox. The order matters: a worker publishes its result
+// before it acknowledges the step message, so "not queued, not answered"
+// read in this order means the result was never published (or was applied
+// since, which the compare-and-swap of whatever the caller writes finds).
+func (e *Engine) dispatchFacts(ctx context.Context, cp *schemas.Checkpoint) (dispatchState, error) {
+	cur := cp.Current
+	var f dispatchState
+	q, ok, err := e.store.Queues.StepQueued(ctx, cur.Pool, cp.JobID)
+	if err != nil {
+		return f, err
+	}
+	if ok && q.Attempt == cur.Attempt {
+		f.queued, f.seq, f.stored = true, q.Seq, q.Stored
+		return f, nil
+	}
+	f.answered, err = e.store.Queues.ResultWaiting(ctx, cp.JobID, cur.Step, cur.Attempt)
+	return f, err
+}
+
+// effectState reads the ledger state of key ("" for pure steps).
+func (e *Engine) effectState(ctx context.Context, key string) (schemas.EffectState, error) {
+	if key == "" {
+		return "", nil
+	}
+	ent, err := e.store.Effects.Get(ctx, key)
+	if errors.Is(err, schemas.ErrNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read effect %s: %w", key, err)
+	}
+	return ent.Record.State, nil
 }
 
 func (e *Engine) loseAttempt(ctx context.Context, ent kv.Entry, now time.Time) error {
 	cur := ent.Checkpoint.Current
+	state, err := e.effectState(ctx, cur.EffectKey)
+	if err != nil {
+		return fmt.Errorf("reconcile job %s: %w", ent.Checkpoint.JobID, err)
+	}
 	waited := now.Sub(cur.DispatchedAt).Round(time.Millisecond)
-	written, err := e.transitionOne(ctx, ent, "reconcile/"+cur.MsgID, now, true, func(c *compiled, next *schemas.Checkpoint) []event {
-		res := &schemas.StepResult{Job: next.JobID, Step: cur.Step, Attempt: cur.Attempt, Error: &schemas.Error{
-			Code: schemas.CodeTimeout, Retryable: true,
-			Message: fmt.Sprintf("no result %v after dispatch: the attempt is declared lost", waited),
-		}}
+	written, err := e.transitionOne(ctx, ent, "reconcile/"+cur.MsgID, now, func(c *compiled, next *schemas.Checkpoint) []event {
+		res := &schemas.StepResult{Job: next.JobID, Step: cur.Step, Attempt: cur.Attempt, EffectKey: cur.EffectKey, EffectState: state,
+			Error: &schemas.Error{
+				Code: schemas.CodeTimeout, Retryable: true,
+				Message: fmt.Sprintf("no result %v after dispatch, and neither its step message nor its result is in the streams: the attempt is declared lost", waited),
+			}}
 		_, evs := applyResult(c, next, res, now)
 		return evs
 	})
@@ -197,32 +305,13 @@ func (e *Engine) loseAttempt(ctx context.Context, ent kv.Entry, now time.Time) e
 	return err
 }
 
-// poolBacklogged reports whether pool's queue may still hold undelivered
-// step messages: no worker has ever served the pool (its consumer does not
-// exist), or its consumer has messages not yet delivered. An error counts
-// as backlogged: losing an attempt needs certainty.
-func (e *Engine) poolBacklogged(ctx context.Context, pool string) bool {
-	c, err := e.store.JS.Consumer(ctx, e.store.Names.WorkStream, e.store.Names.WorkConsumer(pool))
-	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return true
-	}
-	if err != nil {
-		return true
-	}
-	info, err := c.Info(ctx)
-	if err != nil {
-		return true
-	}
-	return info.NumPending > 0
-}
-
 // startPending starts a job its client created but no engine started (the
 // start request was lost), with a compare-and-swap on the revision read.
 func (e *Engine) startPending(ctx context.Context, ent kv.Entry, now time.Time) error {
 	// The cause is not the start request's id: that request, if it arrives
 	// after all, must read as a late duplicate, not as a redelivery to act
 	// on again.
-	written, err := e.transitionOne(ctx, ent, "reconcile/start", now, false, func(c *compiled, next *schemas.Checkpoint) []event {
+	written, err := e.transitionOne(ctx, ent, "reconcile/start", now, func(c *compiled, next *schemas.Checkpoint) []event {
 		return startJob(c, next, now)
 	})
 	if written {
@@ -232,124 +321,106 @@ func (e *Engine) startPending(ctx context.Context, ent kv.Entry, now time.Time) 
 	return err
 }
 
+// resumeResolved unblocks a job whose effect was resolved while the signal
+// that says so was lost, or was settled by a late answer.
+func (e *Engine) resumeResolved(ctx context.Context, ent kv.Entry, now time.Time) error {
+	b := ent.Checkpoint.Blocked
+	if b == nil {
+		return nil
+	}
+	eff, err := e.store.Effects.Get(ctx, b.EffectKey)
+	if errors.Is(err, schemas.ErrNotFound) {
+		return nil // nothing to resolve yet: a person decides
+	}
+	if err != nil {
+		return fmt.Errorf("reconcile job %s: %w", ent.Checkpoint.JobID, err)
+	}
+	if r := eff.Record; r.State != schemas.EffectReconciled && r.State != schemas.EffectConfirmed {
+		return nil // still waiting for a person
+	}
+	by := eff.Record.ReconciledBy
+	_, err = e.transitionOne(ctx, ent, "reconcile/resolved/"+b.EffectKey, now, func(c *compiled, next *schemas.Checkpoint) []event {
+		_, evs := applySignal(c, next, &schemas.Signal{Job: next.JobID, Type: schemas.SignalEffectResolved, Key: b.EffectKey, By: by}, now)
+		return evs
+	})
+	return err
+}
+
+// unblockDefinition lets a job blocked on its definition go on once the
+// definition can be loaded again; its kept messages then apply as usual.
+func (e *Engine) unblockDefinition(ctx context.Context, ent kv.Entry, now time.Time) error {
+	cp := ent.Checkpoint
+	if _, err := e.store.Definitions.Get(ctx, cp.DefinitionHash); err != nil {
+		if errors.Is(err, schemas.ErrNotFound) || errors.Is(err, schemas.ErrDefinitionInvalid) {
+			return nil // still missing
+		}
+		return fmt.Errorf("reconcile job %s: %w", cp.JobID, err)
+	}
+	written, err := e.transitionOne(ctx, ent, "reconcile/unblocked", now, func(c *compiled, next *schemas.Checkpoint) []event {
+		if next.Status != schemas.JobBlocked {
+			return nil
+		}
+		evs := []event{unblockJob(next)}
+		if next.Status == schemas.JobPending {
+			evs = append(evs, startJob(c, next, now)...)
+		}
+		return evs
+	})
+	if written {
+		e.ctr.definitionUnblocked.Add(1)
+		e.log.Info("job unblocked: its definition can be loaded again", "job", cp.JobID)
+	}
+	return err
+}
+
 // transitionOne writes one transition that the engine decided by itself
 // (the reconciler, a requeue) rather than from an inbox message: apply
 // changes a copy of ent's checkpoint and returns its events (none: nothing
-// to write). The write is a compare-and-swap on ent's revision; a job that
-// moved on meanwhile is left alone (written false, no error). Then the
-// dispatch, if any, and, with flush, the events are published; err is the
-// first failure of the write or the publications.
-func (e *Engine) transitionOne(ctx context.Context, ent kv.Entry, cause string, now time.Time, flush bool,
+// to write). Like every transition, it first makes sure the checkpoint's
+// own events are stored, and writes with a compare-and-swap on ent's
+// revision; a job that moved on meanwhile is left alone (written false, no
+// error). Then the dispatch, if any, and the events are published; err is
+// the first failure of the write or the publications.
+func (e *Engine) transitionOne(ctx context.Context, ent kv.Entry, cause string, now time.Time,
 	apply func(c *compiled, next *schemas.Checkpoint) []event) (written bool, err error) {
 	cp := ent.Checkpoint
-	p := &plan{job: cp.JobID, base: &cached{cp: cp, rev: ent.Revision}, fresh: true}
+	base := &cached{cp: cp, rev: ent.Revision, size: ent.Size}
+	if len(cp.Events) > 0 {
+		last, err := e.store.History.LastSeq(ctx, cp.JobID)
+		if err != nil {
+			return false, err
+		}
+		base.published.Store(last)
+	} else {
+		base.published.Store(cp.Seq)
+	}
+	p := &plan{job: cp.JobID, base: base, fresh: true}
 	if err := e.definition(ctx, p, cp.DefinitionHash); err != nil {
 		return false, err
 	}
+	if err := checkConsistent(p.def, cp); err != nil {
+		return false, err
+	}
 	next := cloneCheckpoint(cp)
+	next.Events = nil
 	evs := apply(p.def, next)
 	if len(evs) == 0 {
 		return false, nil
 	}
 	next.Seq, next.UpdatedAt, next.Writer, next.Cause = cp.Seq+1, now, e.incarnation, cause
-	next.Events = append(next.Events, stamp(evs, next.Seq, now)...)
-	p.next, p.dispatch, p.flush = next, next.Current != nil, flush
+	next.Events = stamp(evs, next.Seq, now)
+	p.next = next
+	p.dispatch = next.Current != nil && (cp.Current == nil || cp.Current.MsgID != next.Current.MsgID)
+	if next.Status == schemas.JobNeedsReconciliation && cp.Status != schemas.JobNeedsReconciliation && next.Blocked != nil {
+		p.markAmbiguous = next.Blocked.EffectKey
+	}
+	e.storeOutboxes(ctx, []*plan{p})
+	if p.err != nil {
+		return false, p.err
+	}
 	if conflicts := e.write(ctx, []*plan{p}); len(conflicts) > 0 || p.err != nil {
 		return false, p.err
 	}
-	e.finishPublish(ctx, e.startPublish([]*plan{p}))
+	e.finish(ctx, e.startPublish(ctx, []*plan{p}))
 	return true, p.err
-}
-
-// Requeue dispatches again, from the checkpoints, the step messages that
-// lost queues held: the current step of every running job dispatched
-// before lostAt, under a new attempt number (a late result of the old
-// attempt is dropped as stale, and its worker is fenced out of the ledger)
-// without using up a retry. Pure and idempotent steps are dispatched at
-// once: running them twice is safe. Lookup and unsafe steps wait until the
-// old attempt must have ended, lostAt plus the step's timeout plus
-// StallGrace: asking the provider whether the effect happened, or
-// declaring it ambiguous, while the first call may still be under way
-// would be wrong. Jobs blocked on an effect that was resolved meanwhile
-// (the signal was lost too) are resumed. It returns how many jobs still
-// wait for their turn, and the first error.
-func (e *Engine) Requeue(ctx context.Context, lostAt time.Time) (waiting int, err error) {
-	now := e.cfg.Now()
-	var due, blocked []kv.Entry
-	var firstErr error
-	err = e.store.Checkpoints.List(ctx, func(job string, ent kv.Entry, err error) bool {
-		if err != nil {
-			return true
-		}
-		cp := ent.Checkpoint
-		switch {
-		case cp.Status == schemas.JobRunning && cp.Current != nil && cp.Current.DispatchedAt.Before(lostAt):
-			def, err := e.store.Definitions.Get(ctx, cp.DefinitionHash)
-			if err != nil {
-				if firstErr == nil {
-					firstErr = fmt.Errorf("requeue job %s: %w", job, err)
-				}
-				return true
-			}
-			s := def.Step(cp.Current.Step)
-			if s == nil {
-				return true
-			}
-			switch def.EffectOf(s) {
-			case schemas.EffectPure, schemas.EffectIdempotent:
-				due = append(due, ent)
-			default:
-				if now.Before(lostAt.Add(def.TimeoutOf(s) + e.cfg.StallGrace)) {
-					waiting++
-					return true
-				}
-				due = append(due, ent)
-			}
-		case cp.Status == schemas.JobNeedsReconciliation && cp.Blocked != nil:
-			blocked = append(blocked, ent)
-		}
-		return true
-	})
-	if err != nil {
-		return waiting, err
-	}
-	for _, ent := range due {
-		if err := e.redispatch(ctx, ent, now); err != nil && firstErr == nil {
-			firstErr = err
-		}
-	}
-	for _, ent := range blocked {
-		if err := e.resumeResolved(ctx, ent, now); err != nil && firstErr == nil {
-			firstErr = err
-		}
-	}
-	return waiting, firstErr
-}
-
-// redispatch writes a new attempt of a running job's current step whose
-// message was lost, and publishes it. A job that moved on meanwhile is
-// left alone.
-func (e *Engine) redispatch(ctx context.Context, ent kv.Entry, now time.Time) error {
-	written, err := e.transitionOne(ctx, ent, "requeue/"+ent.Checkpoint.Current.MsgID, now, false, func(_ *compiled, next *schemas.Checkpoint) []event {
-		return []event{redispatchLost(next, now)}
-	})
-	if written && err == nil {
-		e.ctr.requeued.Add(1)
-	}
-	return err
-}
-
-// resumeResolved unblocks a job whose effect was resolved while the signal
-// that says so was lost.
-func (e *Engine) resumeResolved(ctx context.Context, ent kv.Entry, now time.Time) error {
-	key := ent.Checkpoint.Blocked.EffectKey
-	eff, err := e.store.Effects.Get(ctx, key)
-	if err != nil || eff.Record.State != schemas.EffectReconciled {
-		return nil // still waiting for a person
-	}
-	_, err = e.transitionOne(ctx, ent, "reconcile/resolved/"+key, now, false, func(c *compiled, next *schemas.Checkpoint) []event {
-		_, evs := applySignal(c, next, &schemas.Signal{Job: next.JobID, Type: schemas.SignalEffectResolved, Key: key, By: eff.Record.ReconciledBy}, now)
-		return evs
-	})
-	return err
 }

@@ -27,7 +27,27 @@ type Stats struct {
 	EffectsResolved  uint64 `json:"effects_resolved"` // blocked jobs a resolution set going again
 	DeadLetters      uint64 `json:"dead_letters"`     // step messages that reached the work consumer's max deliveries
 	Requeued         uint64 `json:"requeued"`         // jobs dispatched again because the queues were lost
-	EffectsSwept     uint64 `json:"effects_swept"`    // effect records removed after their retention
+	EffectsSwept     uint64 `json:"effects_swept"`    // effect records removed with their job after its retention
+	JobsSwept        uint64 `json:"jobs_swept"`       // finished jobs removed after their retention
+	// HistoryRepublished counts transitions whose events this engine
+	// published again before writing the next checkpoint, because it could
+	// not tell they were stored (another engine, or a restart, wrote them).
+	HistoryRepublished uint64 `json:"history_republished"`
+	// DefinitionBlocked counts jobs blocked because their pinned definition
+	// could not be loaded; DefinitionUnblocked, those that went on.
+	DefinitionBlocked   uint64 `json:"definition_blocked"`
+	DefinitionUnblocked uint64 `json:"definition_unblocked"`
+	// MarkedAmbiguous counts effects the engine marked ambiguous because
+	// their step failed for good while the call may have happened.
+	MarkedAmbiguous uint64 `json:"marked_ambiguous"`
+	Panics          uint64 `json:"panics"`         // panics contained while handling one job's messages
+	Quarantined     uint64 `json:"quarantined"`    // times a job's messages were held back: its checkpoint cannot be trusted
+	IndexRepaired   uint64 `json:"index_repaired"` // index entries the reconciler fixed (a crash between two writes)
+	// ActiveJobs is the number of jobs in the index that may still change,
+	// at the last reconcile pass; StepsWaitingForWorkers, of those, the
+	// ones whose step message waits in its pool's queue past its deadline.
+	ActiveJobs             int64 `json:"active_jobs"`
+	StepsWaitingForWorkers int64 `json:"steps_waiting_for_workers"`
 	// OldestRunningAgeMs is the age of the oldest running job's checkpoint
 	// (time since its last write) at the last reconcile pass, in ms.
 	OldestRunningAgeMs int64 `json:"oldest_running_age_ms"`
@@ -42,6 +62,10 @@ type counters struct {
 	resumes, inboxRedelivered, republished, lost         atomic.Uint64
 	reconcileErrors, handleErrors, blocked, unblocked    atomic.Uint64
 	deadLetters, swept, requeued                         atomic.Uint64
+	jobsSwept, historyRepublished, definitionBlocked     atomic.Uint64
+	definitionUnblocked, markedAmbiguous, panics         atomic.Uint64
+	quarantined, indexRepaired                           atomic.Uint64
+	activeJobs, waitingForWorkers                        atomic.Int64
 	oldestRunning                                        atomic.Int64 // ms
 	started                                              atomic.Int64 // unix ns
 	firstProgress                                        atomic.Int64 // ns after started
@@ -60,27 +84,37 @@ func (c *counters) progress(now time.Time) {
 func (e *Engine) Stats() Stats {
 	c := &e.ctr
 	return Stats{
-		JobsStarted:        c.jobsStarted.Load(),
-		JobsCompleted:      c.jobsCompleted.Load(),
-		JobsFailed:         c.jobsFailed.Load(),
-		JobsRejected:       c.jobsRejected.Load(),
-		Transitions:        c.transitions.Load(),
-		StepsDispatched:    c.dispatched.Load(),
-		ResultsApplied:     c.applied.Load(),
-		StaleDropped:       c.stale.Load(),
-		CASConflicts:       c.conflicts.Load(),
-		Resumes:            c.resumes.Load(),
-		InboxRedelivered:   c.inboxRedelivered.Load(),
-		Republished:        c.republished.Load(),
-		AttemptsLost:       c.lost.Load(),
-		ReconcileErrors:    c.reconcileErrors.Load(),
-		HandleErrors:       c.handleErrors.Load(),
-		JobsBlocked:        c.blocked.Load(),
-		EffectsResolved:    c.unblocked.Load(),
-		DeadLetters:        c.deadLetters.Load(),
-		EffectsSwept:       c.swept.Load(),
-		Requeued:           c.requeued.Load(),
-		OldestRunningAgeMs: c.oldestRunning.Load(),
-		FirstProgressMs:    c.firstProgress.Load() / int64(time.Millisecond),
+		JobsStarted:            c.jobsStarted.Load(),
+		JobsCompleted:          c.jobsCompleted.Load(),
+		JobsFailed:             c.jobsFailed.Load(),
+		JobsRejected:           c.jobsRejected.Load(),
+		Transitions:            c.transitions.Load(),
+		StepsDispatched:        c.dispatched.Load(),
+		ResultsApplied:         c.applied.Load(),
+		StaleDropped:           c.stale.Load(),
+		CASConflicts:           c.conflicts.Load(),
+		Resumes:                c.resumes.Load(),
+		InboxRedelivered:       c.inboxRedelivered.Load(),
+		Republished:            c.republished.Load(),
+		AttemptsLost:           c.lost.Load(),
+		ReconcileErrors:        c.reconcileErrors.Load(),
+		HandleErrors:           c.handleErrors.Load(),
+		JobsBlocked:            c.blocked.Load(),
+		EffectsResolved:        c.unblocked.Load(),
+		DeadLetters:            c.deadLetters.Load(),
+		EffectsSwept:           c.swept.Load(),
+		Requeued:               c.requeued.Load(),
+		JobsSwept:              c.jobsSwept.Load(),
+		HistoryRepublished:     c.historyRepublished.Load(),
+		DefinitionBlocked:      c.definitionBlocked.Load(),
+		DefinitionUnblocked:    c.definitionUnblocked.Load(),
+		MarkedAmbiguous:        c.markedAmbiguous.Load(),
+		Panics:                 c.panics.Load(),
+		Quarantined:            c.quarantined.Load(),
+		IndexRepaired:          c.indexRepaired.Load(),
+		ActiveJobs:             c.activeJobs.Load(),
+		StepsWaitingForWorkers: c.waitingForWorkers.Load(),
+		OldestRunningAgeMs:     c.oldestRunning.Load(),
+		FirstProgressMs:        c.firstProgress.Load() / int64(time.Millisecond),
 	}
 }

@@ -248,3 +248,14 @@ func (c *Checkpoints) Watch(ctx context.Context, job string, fn func(e Entry, er
 		}
 	}
 }
+
+// Remove deletes job's checkpoint if its revision is still rev (retention
+// sweeps): a purge of the key's messages up to rev, so a checkpoint written
+// since (the job reopened, or an id reused) survives, and no delete marker
+// is left behind. The key can be created again.
+func (c *Checkpoints) Remove(ctx context.Context, job string, rev uint64) error {
+	return purgeUpTo(ctx, c.js, "KV_"+c.kv.Bucket(), "$KV."+c.kv.Bucket()+"."+job, rev)
+}
+
+// Size is the encoded size of the checkpoint being written, in bytes.
+func (p *PendingWrite) Size() int { return p.size }

@@ -119,3 +119,13 @@ func (e *Effects) List(ctx context.Context, fn func(EffectEntry) bool) error {
 		}
 	}
 }
+
+// Remove deletes the record under key if its revision is still rev
+// (retention sweeps): a purge of the key's messages up to rev, which
+// leaves no delete marker, so the key can be created again.
+func (e *Effects) Remove(ctx context.Context, key string, rev uint64) error {
+	if !validKey(key) {
+		return fmt.Errorf("remove effect %q: %w", key, jetstream.ErrInvalidKey)
+	}
+	return purgeUpTo(ctx, e.js, "KV_"+e.kv.Bucket(), "$KV."+e.kv.Bucket()+"."+key, rev)
+}

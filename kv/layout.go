@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,7 +24,7 @@ const (
 	DefaultWorkMaxDeliver  = 20
 	DefaultMaxValueBytes   = 1 << 20
 	DefaultMaxAckPending   = 20000
-	DefaultHistoryMaxAge   = 30 * 24 * time.Hour
+	DefaultJobRetention    = 30 * 24 * time.Hour
 	DefaultReplicas        = 1
 	DefaultMaxMessageBytes = 1 << 20
 )
@@ -81,12 +82,16 @@ type Config struct {
 	MaxValueBytes int32 `json:"max_value_bytes,omitempty"`
 	// MaxMessageBytes caps one step message or result. Default 1 MiB.
 	MaxMessageBytes int32 `json:"max_message_bytes,omitempty"`
-	// HistoryMaxAge is how long history events are kept. Default 30 days.
+	// HistoryMaxAge caps how long the history stream keeps an event,
+	// whatever its job does. Default 0: no cap; a job's history is
+	// removed with the job (JobRetention).
 	HistoryMaxAge time.Duration `json:"history_max_age,omitempty"`
-	// EffectRetention is how long effect records are kept after their job
-	// ended (completed or failed); engines sweep older ones. Default 30
-	// days. Records of jobs that have not ended are never swept.
-	EffectRetention time.Duration `json:"effect_retention,omitempty"`
+	// JobRetention is how long a finished job (completed or failed) is
+	// kept; then engines remove its checkpoint, its history, its index
+	// entry and the effect records no live job needs. Default 30 days;
+	// negative keeps finished jobs forever. Nothing of a job that has not
+	// finished is ever removed.
+	JobRetention time.Duration `json:"job_retention,omitempty"`
 }
 
 var prefixRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,31}$`)
@@ -120,11 +125,8 @@ func (c Config) WithDefaults() Config {
 	if c.MaxMessageBytes == 0 {
 		c.MaxMessageBytes = DefaultMaxMessageBytes
 	}
-	if c.HistoryMaxAge == 0 {
-		c.HistoryMaxAge = DefaultHistoryMaxAge
-	}
-	if c.EffectRetention == 0 {
-		c.EffectRetention = DefaultHistoryMaxAge
+	if c.JobRetention == 0 {
+		c.JobRetention = DefaultJobRetention
 	}
 	return c
 }
@@ -153,9 +155,7 @@ func (c Config) Validate() error {
 	case c.MaxMessageBytes < 1024:
 		return fmt.Errorf("kv config: max message bytes %d: want at least 1024", c.MaxMessageBytes)
 	case c.HistoryMaxAge < 0:
-		return fmt.Errorf("kv config: history max age %v: want a positive duration (0 means the default, %v)", c.HistoryMaxAge, DefaultHistoryMaxAge)
-	case c.EffectRetention < 0:
-		return fmt.Errorf("kv config: effect retention %v: want a positive duration (0 means the default, %v)", c.EffectRetention, DefaultHistoryMaxAge)
+		return fmt.Errorf("kv config: history max age %v: want a positive duration, or 0 for no cap", c.HistoryMaxAge)
 	}
 	return nil
 }
@@ -165,6 +165,7 @@ type Names struct {
 	CheckpointBucket  string // waymark_checkpoints
 	EffectBucket      string // waymark_effects
 	DefinitionBucket  string // waymark_definitions
+	JobsBucket        string // waymark_jobs: the job index
 	WorkStream        string // WAYMARK_WORK
 	InboxStream       string // WAYMARK_INBOX
 	HistoryStream     string // WAYMARK_HISTORY
@@ -183,6 +184,7 @@ func NamesFor(prefix string) Names {
 		CheckpointBucket:  prefix + "_checkpoints",
 		DefinitionBucket:  prefix + "_definitions",
 		EffectBucket:      prefix + "_effects",
+		JobsBucket:        prefix + "_jobs",
 		WorkStream:        up + "_WORK",
 		InboxStream:       up + "_INBOX",
 		HistoryStream:     up + "_HISTORY",
@@ -195,8 +197,16 @@ func NamesFor(prefix string) Names {
 	}
 }
 
-// WorkSubject is the subject of pool's step messages.
-func (n Names) WorkSubject(pool string) string { return n.WorkSubjectPrefix + pool }
+// WorkSubject is the subject of job's step messages in pool: one subject
+// per job, so that whether a job's step message is still queued is a
+// question the stream can answer (a last-message-for-subject lookup).
+func (n Names) WorkSubject(pool, job string) string {
+	return n.WorkSubjectPrefix + pool + "." + job
+}
+
+// WorkFilter is the filter of pool's work consumer: every job's step
+// messages in the pool.
+func (n Names) WorkFilter(pool string) string { return n.WorkSubjectPrefix + pool + ".*" }
 
 // WorkConsumer is the durable consumer shared by pool's workers.
 func (n Names) WorkConsumer(pool string) string { return n.prefix + "-work-" + pool }
@@ -204,8 +214,18 @@ func (n Names) WorkConsumer(pool string) string { return n.prefix + "-work-" + p
 // InboxSubject is where messages of kind (InboxStart, InboxResult) for job go.
 func (n Names) InboxSubject(kind, job string) string { return n.InboxPrefix + kind + "." + job }
 
-// HistorySubject is job's history subject.
+// HistorySubject is the subject of job's transitions on the history
+// stream: one message per checkpoint sequence, written by engines.
 func (n Names) HistorySubject(job string) string { return n.HistoryPrefix + job }
+
+// EffectHistorySubject is the subject of job's effect ledger events on the
+// history stream, written by workers and by whoever resolves an effect.
+func (n Names) EffectHistorySubject(job string) string { return n.HistoryPrefix + job + ".effects" }
+
+// HistoryFilters are the subjects that hold job's whole history.
+func (n Names) HistoryFilters(job string) []string {
+	return []string{n.HistorySubject(job), n.EffectHistorySubject(job)}
+}
 
 // ParseInboxSubject returns the kind and job of an inbox subject.
 func (n Names) ParseInboxSubject(subject string) (kind, job string, ok bool) {
@@ -230,8 +250,15 @@ type Store struct {
 	Checkpoints *Checkpoints
 	Definitions *Definitions
 	Effects     *Effects
+	Jobs        *Jobs    // the job index
+	History     *History // the history stream
+	Queues      *Queues  // facts about the work and inbox queues
 	log         *slog.Logger
 }
+
+// KeepsFinishedJobs reports whether finished jobs are kept forever
+// (a negative JobRetention).
+func (c Config) KeepsFinishedJobs() bool { return c.JobRetention < 0 }
 
 // Open creates every stream and bucket that is absent and checks the ones
 // that exist (see Ensure), then returns the stores. log may be nil.
@@ -250,6 +277,12 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config, log *slog.Log
 	}
 	s.Checkpoints = &Checkpoints{kv: cps, js: js, maxBytes: int(cfg.MaxValueBytes)}
 	s.Definitions = newDefinitions(defs)
+	hist, err := js.Stream(ctx, s.Names.HistoryStream)
+	if err != nil {
+		return nil, fmt.Errorf("open stream %s: %w", s.Names.HistoryStream, err)
+	}
+	s.History = &History{stream: hist, js: js, names: s.Names}
+	s.Queues = &Queues{js: js, names: s.Names}
 	return s, nil
 }
 
@@ -274,7 +307,7 @@ func (s *Store) storage() jetstream.StorageType {
 
 func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err error) {
 	n, c := s.Names, s.Config
-	meta := map[string]string{"waymark_layout": "1"}
+	meta := map[string]string{"waymark_layout": LayoutVersion}
 	cps, err = s.ensureBucket(ctx, jetstream.KeyValueConfig{
 		Bucket:       n.CheckpointBucket,
 		Description:  "Waymark job checkpoints: key = job id, value = checkpoint JSON, written by compare-and-swap on the revision",
@@ -315,11 +348,12 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 	streams := []jetstream.StreamConfig{
 		{
 			Name:        n.WorkStream,
-			Description: "Waymark step messages, one subject per worker pool; removed when a worker acknowledges",
-			Subjects:    []string{n.WorkSubjectPrefix + "*"},
+			Description: "Waymark step messages, subject per worker pool and job; removed when a worker acknowledges",
+			Subjects:    []string{n.WorkSubjectPrefix + "*.*"},
 			Retention:   jetstream.WorkQueuePolicy,
 			Duplicates:  c.Duplicates,
 			MaxMsgSize:  c.MaxMessageBytes,
+			AllowDirect: true,
 		},
 		{
 			Name:        n.InboxStream,
@@ -328,15 +362,17 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 			Retention:   jetstream.WorkQueuePolicy,
 			Duplicates:  c.Duplicates,
 			MaxMsgSize:  c.MaxMessageBytes,
+			AllowDirect: true,
 		},
 		{
 			Name:        n.HistoryStream,
-			Description: "Waymark job history: one CloudEvent per transition, subject per job",
-			Subjects:    []string{n.HistoryPrefix + "*"},
+			Description: "Waymark job history: CloudEvents batches, one message per transition on waymark.history.<job>, ledger events on waymark.history.<job>.effects",
+			Subjects:    []string{n.HistoryPrefix + "*", n.HistoryPrefix + "*.effects"},
 			Retention:   jetstream.LimitsPolicy,
 			Duplicates:  c.Duplicates,
 			MaxAge:      c.HistoryMaxAge,
 			MaxMsgSize:  c.MaxMessageBytes,
+			AllowDirect: true,
 		},
 		{
 			Name:              n.EpochStream,
@@ -348,8 +384,24 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 			MaxMsgSize:        c.MaxMessageBytes,
 		},
 	}
+	jobs, err := s.ensureBucket(ctx, jetstream.KeyValueConfig{
+		Bucket:       n.JobsBucket,
+		Description:  "Waymark job index: active.<workflow>.<job> while a job may still change, ended.<status>.<workflow>.<job> once it finished; listings and the reconciler read it instead of every checkpoint",
+		History:      1,
+		MaxValueSize: 16 << 10,
+		Storage:      s.storage(),
+		Replicas:     c.Replicas,
+		Metadata:     meta,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	s.Jobs = &Jobs{kv: jobs, js: s.JS, names: n}
 	queues, recorded, err := s.queueStorage(ctx, defs)
 	if err != nil {
+		return nil, nil, err
+	}
+	if err := s.migrateLayout(ctx, defs); err != nil {
 		return nil, nil, err
 	}
 	for _, sc := range streams {
@@ -388,12 +440,12 @@ func (s *Store) EnsureWorkConsumer(ctx context.Context, pool string) (jetstream.
 	return s.ensureConsumer(ctx, n.WorkStream, jetstream.ConsumerConfig{
 		Durable:       n.WorkConsumer(pool),
 		Description:   "Waymark workers of pool " + pool,
-		FilterSubject: n.WorkSubject(pool),
+		FilterSubject: n.WorkFilter(pool),
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       c.WorkAckWait,
 		MaxDeliver:    c.WorkMaxDeliver,
 		MaxAckPending: c.MaxAckPending,
-		Metadata:      map[string]string{"waymark_layout": "1", "waymark_pool": pool},
+		Metadata:      map[string]string{"waymark_layout": LayoutVersion, "waymark_pool": pool},
 	})
 }
 
@@ -439,7 +491,7 @@ func (s *Store) ensureStream(ctx context.Context, cfg jetstream.StreamConfig) er
 		switch {
 		case have.Retention != cfg.Retention:
 			return fmt.Errorf("stream %s has retention %v, Waymark needs %v (delete it or choose another prefix): %w", cfg.Name, have.Retention, cfg.Retention, ErrIncompatible)
-		case len(have.Subjects) != 1 || have.Subjects[0] != cfg.Subjects[0]:
+		case !slices.Equal(have.Subjects, cfg.Subjects):
 			return fmt.Errorf("stream %s has subjects %v, Waymark needs %v: %w", cfg.Name, have.Subjects, cfg.Subjects, ErrIncompatible)
 		case have.Storage != cfg.Storage:
 			return fmt.Errorf("stream %s keeps its messages in %v storage, the config asks for %v (WAYMARK_QUEUE_STORAGE): delete the stream or keep its storage: %w", cfg.Name, have.Storage, cfg.Storage, ErrIncompatible)
@@ -484,6 +536,55 @@ func (s *Store) ensureConsumer(ctx context.Context, stream string, cfg jetstream
 	}
 	return c, nil
 }
+
+// LayoutVersion is the version of the JetStream layout this build makes,
+// recorded in the "waymark_layout" metadata of every resource. Layout 2
+// gave step messages a subject per job and ledger events a history
+// subject of their own, and added the job index.
+const LayoutVersion = "2"
+
+// migrateLayout brings a layout-1 deployment to layout 2. The work stream
+// of layout 1 has one subject per pool; it cannot be changed in place
+// without stranding the messages it holds, so it is deleted and the queue
+// epoch forgotten: engines then recreate it and dispatch every running
+// job's current step again from its checkpoint, as after memory queues
+// were lost (side effects stay fenced by the ledger). The history stream
+// only gains a subject.
+func (s *Store) migrateLayout(ctx context.Context, defs jetstream.KeyValue) error {
+	n := s.Names
+	if st, err := s.JS.Stream(ctx, n.WorkStream); err == nil {
+		cfg := st.CachedInfo().Config
+		if layout1(cfg) && cfg.Retention == jetstream.WorkQueuePolicy && slices.Equal(cfg.Subjects, []string{n.WorkSubjectPrefix + "*"}) {
+			s.log.Warn("migrating the work stream to layout 2 (a subject per job): it is recreated, and running jobs are dispatched again from their checkpoints",
+				"stream", n.WorkStream, "messages", st.CachedInfo().State.Msgs)
+			if err := s.JS.DeleteStream(ctx, n.WorkStream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+				return fmt.Errorf("migrate stream %s: %w", n.WorkStream, err)
+			}
+			if err := defs.Purge(ctx, queueEpochKey); err != nil {
+				return fmt.Errorf("migrate stream %s: forget the queue epoch: %w", n.WorkStream, err)
+			}
+		}
+	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("open stream %s: %w", n.WorkStream, err)
+	}
+	if st, err := s.JS.Stream(ctx, n.HistoryStream); err == nil {
+		cfg := st.CachedInfo().Config
+		if layout1(cfg) && cfg.Retention == jetstream.LimitsPolicy && slices.Equal(cfg.Subjects, []string{n.HistoryPrefix + "*"}) {
+			cfg.Subjects = append(cfg.Subjects, n.HistoryPrefix+"*.effects")
+			cfg.AllowDirect = true
+			if _, err := s.JS.UpdateStream(ctx, cfg); err != nil {
+				return fmt.Errorf("migrate stream %s: add subject %s: %w", n.HistoryStream, cfg.Subjects[1], err)
+			}
+			s.log.Info("history stream migrated to layout 2: ledger events get a subject of their own", "stream", n.HistoryStream)
+		}
+	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("open stream %s: %w", n.HistoryStream, err)
+	}
+	return nil
+}
+
+// layout1 reports whether cfg is a stream Waymark made with layout 1.
+func layout1(cfg jetstream.StreamConfig) bool { return cfg.Metadata["waymark_layout"] == "1" }
 
 // Reopen creates again whatever streams, buckets and consumers are
 // missing, as Open does: after a server restart, memory queues are gone.

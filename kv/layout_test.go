@@ -27,7 +27,10 @@ func TestNamesFor(t *testing.T) {
 		want.InboxStream:                             "WAYMARK_INBOX",
 		want.HistoryStream:                           "WAYMARK_HISTORY",
 		want.EngineConsumer:                          "waymark-engine",
-		want.WorkSubject("gpu"):                      "waymark.work.gpu",
+		want.JobsBucket:                              "waymark_jobs",
+		want.WorkSubject("gpu", "job-1"):             "waymark.work.gpu.job-1",
+		want.WorkFilter("gpu"):                       "waymark.work.gpu.*",
+		want.EffectHistorySubject("job-1"):           "waymark.history.job-1.effects",
 		want.WorkConsumer("gpu"):                     "waymark-work-gpu",
 		want.InboxSubject(kv.InboxStart, "job-1"):    "waymark.inbox.start.job-1",
 		want.InboxSubject(kv.InboxResult, "job-1"):   "waymark.inbox.result.job-1",
@@ -87,11 +90,11 @@ func TestConfigValidate(t *testing.T) {
 		{name: "tiny values", edit: func(c *kv.Config) { c.MaxValueBytes = 100 }, wantField: "max value bytes"},
 		{name: "tiny messages", edit: func(c *kv.Config) { c.MaxMessageBytes = 100 }, wantField: "max message bytes"},
 		{name: "negative history age", edit: func(c *kv.Config) { c.HistoryMaxAge = -time.Hour }, wantField: "history max age"},
-		{name: "negative effect retention", edit: func(c *kv.Config) { c.EffectRetention = -time.Hour }, wantField: "effect retention"},
 		{name: "negative duplicates window", edit: func(c *kv.Config) { c.Duplicates = -time.Minute }, wantField: "duplicates window"},
 		{name: "negative inbox ack wait", edit: func(c *kv.Config) { c.InboxAckWait = -time.Second }, wantField: "inbox ack wait"},
 		{name: "negative work ack wait", edit: func(c *kv.Config) { c.WorkAckWait = -time.Second }, wantField: "work ack wait"},
-		{name: "short effect retention", edit: func(c *kv.Config) { c.EffectRetention = time.Minute }},
+		{name: "short job retention", edit: func(c *kv.Config) { c.JobRetention = time.Minute }},
+		{name: "jobs kept forever", edit: func(c *kv.Config) { c.JobRetention = -1 }},
 	}
 	for _, r := range rows {
 		t.Run(r.name, func(t *testing.T) {
@@ -117,7 +120,7 @@ func TestConfigValidate(t *testing.T) {
 		want := kv.Config{
 			Prefix: "waymark", Replicas: 1, Duplicates: 2 * time.Minute, InboxAckWait: 30 * time.Second,
 			WorkAckWait: 30 * time.Second, WorkMaxDeliver: 20, MaxAckPending: 20000, MaxValueBytes: 1 << 20,
-			MaxMessageBytes: 1 << 20, HistoryMaxAge: 30 * 24 * time.Hour, EffectRetention: 30 * 24 * time.Hour,
+			MaxMessageBytes: 1 << 20, JobRetention: 30 * 24 * time.Hour,
 		}
 		if got != want {
 			t.Errorf("WithDefaults = %+v, want %+v", got, want)
@@ -126,7 +129,7 @@ func TestConfigValidate(t *testing.T) {
 
 	t.Run("negative durations name the default", func(t *testing.T) {
 		t.Parallel()
-		c := kv.Config{EffectRetention: -time.Hour}.WithDefaults()
+		c := kv.Config{Duplicates: -time.Hour}.WithDefaults()
 		err := c.Validate()
 		if err == nil || !strings.Contains(err.Error(), "-1h0m0s") || !strings.Contains(err.Error(), "0 means the default") {
 			t.Errorf("Validate = %v, want the value and what 0 means", err)
@@ -224,20 +227,20 @@ func TestOpenCreatesLayout(t *testing.T) {
 
 	streams := []struct {
 		name      string
-		subject   string
+		subjects  []string
 		retention jetstream.RetentionPolicy
 		maxAge    time.Duration
 	}{
-		{n.WorkStream, "wmtest.work.*", jetstream.WorkQueuePolicy, 0},
-		{n.InboxStream, "wmtest.inbox.*.*", jetstream.WorkQueuePolicy, 0},
-		{n.HistoryStream, "wmtest.history.*", jetstream.LimitsPolicy, 48 * time.Hour},
-		{n.EpochStream, "wmtest.queue_epoch", jetstream.LimitsPolicy, 0},
+		{n.WorkStream, []string{"wmtest.work.*.*"}, jetstream.WorkQueuePolicy, 0},
+		{n.InboxStream, []string{"wmtest.inbox.*.*"}, jetstream.WorkQueuePolicy, 0},
+		{n.HistoryStream, []string{"wmtest.history.*", "wmtest.history.*.effects"}, jetstream.LimitsPolicy, 48 * time.Hour},
+		{n.EpochStream, []string{"wmtest.queue_epoch"}, jetstream.LimitsPolicy, 0},
 	}
 	for _, s := range streams {
 		c := streamConfig(t, b.js, s.name)
-		if !reflect.DeepEqual(c.Subjects, []string{s.subject}) || c.Retention != s.retention || c.MaxAge != s.maxAge ||
+		if !reflect.DeepEqual(c.Subjects, s.subjects) || c.Retention != s.retention || c.MaxAge != s.maxAge ||
 			c.Duplicates != 90*time.Second || c.MaxMsgSize != 32<<10 || c.Storage != jetstream.FileStorage || c.Replicas != 1 ||
-			c.Metadata["waymark_layout"] != "1" {
+			c.Metadata["waymark_layout"] != kv.LayoutVersion {
 			t.Errorf("stream %s: %+v", s.name, c)
 		}
 	}
@@ -249,8 +252,8 @@ func TestOpenCreatesLayout(t *testing.T) {
 			t.Errorf("bucket %s: history %d, max value %d, storage %v", bucket, c.MaxMsgsPerSubject, c.MaxMsgSize, c.Storage)
 		}
 	}
-	if got := streamNames(t, b.js); len(got) != 7 {
-		t.Errorf("streams = %v, want 4 streams and 3 buckets", got)
+	if got := streamNames(t, b.js); len(got) != 8 {
+		t.Errorf("streams = %v, want 4 streams and 4 buckets", got)
 	}
 
 	eng := consumerInfo(t, b.js, n.InboxStream, n.EngineConsumer).Config
@@ -267,7 +270,7 @@ func TestOpenCreatesLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	work := wc.CachedInfo().Config
-	if work.Durable != "wmtest-work-gpu" || work.FilterSubject != "wmtest.work.gpu" || work.AckPolicy != jetstream.AckExplicitPolicy ||
+	if work.Durable != "wmtest-work-gpu" || work.FilterSubject != "wmtest.work.gpu.*" || work.AckPolicy != jetstream.AckExplicitPolicy ||
 		work.AckWait != 4*time.Second || work.MaxDeliver != 7 || work.MaxAckPending != 123 || work.Metadata["waymark_pool"] != "gpu" {
 		t.Errorf("work consumer: %+v", work)
 	}

@@ -2,6 +2,7 @@ package schemas
 
 import (
 	"encoding/json"
+	"strconv"
 	"time"
 )
 
@@ -22,6 +23,10 @@ const (
 	// JobNeedsReconciliation: an unsafe effect's outcome is unknown; a
 	// person must resolve it (engine effects resolve) before the job goes on.
 	JobNeedsReconciliation JobStatus = "needs_reconciliation"
+	// JobBlocked: the engine cannot go on until something outside the job
+	// is fixed (its pinned definition cannot be loaded, say); BlockedReason
+	// says what. It goes on by itself once that is fixed.
+	JobBlocked JobStatus = "blocked"
 )
 
 // Terminal reports whether no further transition can happen.
@@ -29,7 +34,7 @@ func (s JobStatus) Terminal() bool { return s == JobCompleted || s == JobFailed 
 
 // Stopped reports whether the job is terminal or waits for a person.
 func (s JobStatus) Stopped() bool {
-	return s.Terminal() || s == JobNeedsReconciliation || s == JobQuarantined
+	return s.Terminal() || s == JobNeedsReconciliation || s == JobQuarantined || s == JobBlocked
 }
 
 // StepStatus is where one step of a job stands.
@@ -51,16 +56,19 @@ const (
 // number of steps run: history goes to the history stream, and steps done
 // without incident are kept as ranges of indexes (Completed).
 type Checkpoint struct {
-	Schema         int               `json:"schema"` // CheckpointSchema
-	JobID          string            `json:"id"`
-	Workflow       string            `json:"workflow"`
-	Version        int               `json:"version"`
-	DefinitionHash string            `json:"definition_hash"`
-	Seq            uint64            `json:"seq"` // +1 per write; 1 at creation
-	Status         JobStatus         `json:"status"`
-	InputDigest    string            `json:"input_digest,omitempty"` // the input itself is in the job.started event
-	State          json.RawMessage   `json:"state"`
-	Vars           map[string]string `json:"vars,omitempty"` // pinned at start
+	Schema         int    `json:"schema"` // CheckpointSchema
+	JobID          string `json:"id"`
+	Workflow       string `json:"workflow"`
+	Version        int    `json:"version"`
+	DefinitionHash string `json:"definition_hash"`
+	Seq            uint64 `json:"seq"` // +1 per write; 1 at creation
+	// IndexRev is the revision of the job's active entry in the job index
+	// (kv.Jobs), written before the first checkpoint; 0 when unknown.
+	IndexRev    uint64            `json:"index_rev,omitempty"`
+	Status      JobStatus         `json:"status"`
+	InputDigest string            `json:"input_digest,omitempty"` // the input itself is in the job.started event
+	State       json.RawMessage   `json:"state"`
+	Vars        map[string]string `json:"vars,omitempty"` // pinned at start
 
 	// Steps holds one record per step that has been reached, by step id,
 	// except the steps in Completed.
@@ -81,14 +89,26 @@ type Checkpoint struct {
 	// effect's key; set while the job needs reconciliation.
 	Blocked *Blocked `json:"blocked,omitempty"`
 
+	// BlockedReason says why the job is JobBlocked, and BlockedFrom is the
+	// status it goes back to once the cause is gone.
+	BlockedReason string    `json:"blocked_reason,omitempty"`
+	BlockedFrom   JobStatus `json:"blocked_from,omitempty"`
+
+	// EffectKeys holds the ledger keys of effects whose key the step's
+	// idempotency_key template named (shared keys): the job's own keys are
+	// derived from its id, these are not. Retention sweeps read them.
+	EffectKeys []string `json:"effect_keys,omitempty"`
+
 	// Cause is the dedup id of the inbox message that produced this Seq. A
 	// redelivery of that same message means its first handler may have died
 	// before publishing Outbox and Current, so they are published again.
 	Cause string `json:"cause,omitempty"`
 
-	// Events holds the history events of this Seq, and any earlier ones
-	// whose publication the writer could not confirm: a transactional
-	// outbox. The writer that publishes them drops them from its next write.
+	// Events holds the history events of this Seq: a transactional outbox.
+	// They are published, one message per sequence, after the checkpoint is
+	// written; whoever writes Seq+1 first makes sure they are stored (its
+	// own acknowledgement, or the history stream's last message), so a
+	// checkpoint never carries the events of an earlier transition.
 	Events []Event `json:"events,omitempty"`
 
 	ResumeCount int `json:"resume_count"`
@@ -127,11 +147,16 @@ type StepRecord struct {
 	CompletedSeq uint64     `json:"completed_seq,omitempty"`
 }
 
-// Blocked names the step and the effect a job waits on.
+// Blocked names the step and the effect a job needing reconciliation
+// waits on: the effect may have happened and is not recorded as happened
+// or not.
 type Blocked struct {
-	Step      string `json:"step"`
-	EffectKey string `json:"effect_key"`
-	Reason    string `json:"reason,omitempty"`
+	Step      string      `json:"step"`
+	EffectKey string      `json:"effect_key"`
+	Class     EffectClass `json:"class,omitempty"`
+	Reason    string      `json:"reason,omitempty"`
+	// LastError is the error of the attempt that left the outcome unknown.
+	LastError *Error `json:"last_error,omitempty"`
 }
 
 // Dispatch is an attempt of a step that has been recorded for publication.
@@ -146,16 +171,33 @@ type Dispatch struct {
 	Pool         string     `json:"pool"`
 	DispatchedAt time.Time  `json:"dispatched_at"`
 	NotBefore    *time.Time `json:"not_before,omitempty"` // retry delay: workers hold the message until then
+	// EffectKey is the ledger key of the attempt's effect (steps that are
+	// not pure): the same on every attempt of one logical action.
+	EffectKey string `json:"effect_key,omitempty"`
 }
 
-// StepMsgID returns the dedup id of a step message.
-func StepMsgID(job, step string, attempt int) string {
-	return job + "/" + step + "/" + itoa(attempt)
+// StepMsgID returns the dedup id of a step message: "<prefix>/<step>/<attempt>",
+// prefix being the checkpoint's MsgPrefix.
+func StepMsgID(prefix, step string, attempt int) string {
+	return prefix + "/" + step + "/" + itoa(attempt)
 }
 
-// ResultMsgID returns the dedup id of a step result.
-func ResultMsgID(job, step string, attempt int) string {
-	return job + "/" + step + "/" + itoa(attempt) + "/result"
+// ResultMsgID returns the dedup id of a step result: its step message's id
+// and "/result".
+func ResultMsgID(prefix, step string, attempt int) string {
+	return StepMsgID(prefix, step, attempt) + "/result"
+}
+
+// MsgPrefix starts the dedup ids of the job's step messages and history
+// messages: the job id, and for a job created with an index entry its
+// revision ("<job>/i<rev>"), which names this creation of the job, so that
+// an id used again after its job was swept is not taken, within the
+// streams' duplicate windows, for a copy of the old job's messages.
+func (cp *Checkpoint) MsgPrefix() string {
+	if cp.IndexRev == 0 {
+		return cp.JobID
+	}
+	return cp.JobID + "/i" + strconv.FormatUint(cp.IndexRev, 10)
 }
 
 // StartMsgID returns the dedup id of a job start request.

@@ -53,12 +53,22 @@ type EffectRecord struct {
 	Attempt  int    `json:"attempt"`
 	Delivery uint64 `json:"delivery"`
 	Worker   string `json:"worker,omitempty"`
+	// AttemptOf is the job whose attempt Attempt and Delivery count, when
+	// it is not Job (a shared key): attempts of different jobs are not
+	// compared.
+	AttemptOf string `json:"attempt_of,omitempty"`
 
 	ExternalID   string          `json:"external_id,omitempty"`
 	ResultDigest string          `json:"result_digest,omitempty"`
 	Result       json.RawMessage `json:"result,omitempty"`
 	LastError    *Error          `json:"last_error,omitempty"`
 	Reason       string          `json:"reason,omitempty"` // why ambiguous
+
+	// SharedBy lists the other jobs that use this record: a step-level
+	// idempotency_key makes a key shared by jobs (a second job for the
+	// same order). A resolution tells every one of them; a retention sweep
+	// keeps the record while any of them is kept.
+	SharedBy []string `json:"shared_by,omitempty"`
 
 	// Happened is set when reconciled: whether the effect took place.
 	Happened     *bool     `json:"happened,omitempty"`

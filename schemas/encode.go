@@ -27,6 +27,9 @@ func (cp *Checkpoint) AppendJSON(dst []byte) []byte {
 	w.intField("version", int64(cp.Version))
 	w.strField("definition_hash", cp.DefinitionHash)
 	w.uintField("seq", cp.Seq)
+	if cp.IndexRev != 0 {
+		w.uintField("index_rev", cp.IndexRev)
+	}
 	w.strField("status", string(cp.Status))
 	if cp.InputDigest != "" {
 		w.strField("input_digest", cp.InputDigest)
@@ -61,10 +64,34 @@ func (cp *Checkpoint) AppendJSON(dst []byte) []byte {
 		w.open()
 		w.strField("step", cp.Blocked.Step)
 		w.strField("effect_key", cp.Blocked.EffectKey)
+		if cp.Blocked.Class != "" {
+			w.strField("class", string(cp.Blocked.Class))
+		}
 		if cp.Blocked.Reason != "" {
 			w.strField("reason", cp.Blocked.Reason)
 		}
+		if cp.Blocked.LastError != nil {
+			w.key("last_error")
+			w.error(cp.Blocked.LastError)
+		}
 		w.close()
+	}
+	if cp.BlockedReason != "" {
+		w.strField("blocked_reason", cp.BlockedReason)
+	}
+	if cp.BlockedFrom != "" {
+		w.strField("blocked_from", string(cp.BlockedFrom))
+	}
+	if len(cp.EffectKeys) > 0 {
+		w.key("effect_keys")
+		w.b = append(w.b, '[')
+		for i, k := range cp.EffectKeys {
+			if i > 0 {
+				w.b = append(w.b, ',')
+			}
+			w.str(k)
+		}
+		w.b = append(w.b, ']')
 	}
 	if cp.Cause != "" {
 		w.strField("cause", cp.Cause)
@@ -121,6 +148,9 @@ func (m *StepMessage) AppendJSON(dst []byte) []byte {
 		w.timeField("not_before", *m.NotBefore)
 	}
 	w.strField("idempotency_key", m.IdempotencyKey)
+	if m.EffectKey != "" {
+		w.strField("effect_key", m.EffectKey)
+	}
 	w.close()
 	return w.b
 }
@@ -266,6 +296,9 @@ func (w *jsonw) dispatch(d *Dispatch) {
 	w.timeField("dispatched_at", d.DispatchedAt)
 	if d.NotBefore != nil {
 		w.timeField("not_before", *d.NotBefore)
+	}
+	if d.EffectKey != "" {
+		w.strField("effect_key", d.EffectKey)
 	}
 	w.close()
 }

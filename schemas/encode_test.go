@@ -15,7 +15,7 @@ func sampleCheckpoint() *Checkpoint {
 	done := t0.Add(time.Minute)
 	return &Checkpoint{
 		Schema: CheckpointSchema, JobID: "job-1", Workflow: "w", Version: 3, DefinitionHash: strings.Repeat("ab", 32),
-		Seq: 7, Status: JobRunning, InputDigest: "d1",
+		Seq: 7, IndexRev: 41, Status: JobRunning, InputDigest: "d1",
 		State: json.RawMessage(`{"a":[1,2,{"b":"c\u00e9\n"}],"z":null}`),
 		Vars:  map[string]string{"region": "eu", "quote": "say \"hi\"\t<ok>", "bad": "\xff\x00\u2028"},
 		Steps: map[string]*StepRecord{
@@ -23,9 +23,12 @@ func sampleCheckpoint() *Checkpoint {
 			"a": {Status: StepCompleted, Attempts: 1, Runs: 1, ResultDigest: "ff", DurationMs: 12, CompletedSeq: 3},
 		},
 		Completed: "0,2-5",
-		Current:   &Dispatch{Step: "b", Attempt: 2, RunAttempt: 2, MsgID: "job-1/b/2", Pool: "default", DispatchedAt: t0, NotBefore: &nb},
+		Current:   &Dispatch{Step: "b", Attempt: 2, RunAttempt: 2, MsgID: "job-1/b/2", Pool: "default", DispatchedAt: t0, NotBefore: &nb, EffectKey: "w/b/k-1"},
 		Cause:     "job-1/b/1/result",
-		Blocked:   &Blocked{Step: "b", EffectKey: "job-1/b", Reason: "unknown"},
+		Blocked: &Blocked{Step: "b", EffectKey: "job-1/b", Class: EffectUnsafe, Reason: "unknown",
+			LastError: &Error{Code: CodeTimeout, Message: "slow"}},
+		BlockedReason: "definition x not found", BlockedFrom: JobRunning,
+		EffectKeys: []string{"w/b/k-1", "w/c/k-2"},
 		Events: []Event{
 			{Type: EventStepFailed, Time: t0, Data: HistoryData{Job: "job-1", Seq: 7, Step: "b", Attempt: 1, Error: &Error{Code: CodeTimeout, Message: "slow", Job: "job-1", Step: "b", Attempt: 1, Retryable: true}, Retrying: true, NotBefore: nb}},
 			{Type: EventJobStarted, Time: t0, Data: HistoryData{Job: "job-1", Seq: 1, Status: "running", Input: json.RawMessage(`{"x":1}`), Reason: "r", Next: "n", NextAttempt: 2, ResultDigest: "d", DurationMs: 5,
@@ -75,7 +78,7 @@ func TestStepMessageAppendJSON(t *testing.T) {
 	t.Parallel()
 	nb := time.Date(2026, 1, 2, 3, 4, 5, 6, time.FixedZone("x", 3600))
 	m := &StepMessage{Job: "j", Step: "s", Attempt: 3, RunAttempt: 1, DefinitionHash: "h", State: json.RawMessage(`{"k":"v"}`),
-		Vars: map[string]string{"a": "b"}, NotBefore: &nb, IdempotencyKey: "j/s"}
+		Vars: map[string]string{"a": "b"}, NotBefore: &nb, IdempotencyKey: "j/s", EffectKey: "w/s/k-1"}
 	got := m.AppendJSON(nil)
 	std, _ := json.Marshal(m)
 	if !bytes.Equal(got, std) {

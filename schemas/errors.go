@@ -29,6 +29,8 @@ const (
 	CodeCancelled         Code = "cancelled"          // the job or step was cancelled
 	CodeAmbiguous         Code = "ambiguous"          // an unsafe effect's outcome is unknown: a person must decide
 	CodeNotPerformed      Code = "not_performed"      // the provider refused the call: no effect took place
+	CodeDefinitionMissing Code = "definition_missing" // a job's pinned definition cannot be loaded: the job is blocked until it is stored again
+	CodeNotAmbiguous      Code = "not_ambiguous"      // an effect resolution for an effect that waits for no decision
 )
 
 // Sentinels for errors.Is. Each matches every *Error carrying its code.
@@ -46,6 +48,8 @@ var (
 	ErrStepFailed        = &Error{Code: CodeStepFailed}
 	ErrUnknownKind       = &Error{Code: CodeUnknownKind}
 	ErrAmbiguous         = &Error{Code: CodeAmbiguous}
+	ErrDefinitionMissing = &Error{Code: CodeDefinitionMissing}
+	ErrNotAmbiguous      = &Error{Code: CodeNotAmbiguous}
 )
 
 // Error is Waymark's typed error. It serialises to a stable JSON object

@@ -594,7 +594,7 @@ func checkDefinition(d *Definition) []Problem {
 			}
 		}
 	}
-	return ps
+	return append(ps, checkEffectKeys(d)...)
 }
 
 // locator maps JSON Pointers to positions in the YAML source.

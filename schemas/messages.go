@@ -29,6 +29,10 @@ type StepMessage struct {
 	Vars           map[string]string `json:"vars,omitempty"`
 	NotBefore      *time.Time        `json:"not_before,omitempty"` // hold until then (retry backoff)
 	IdempotencyKey string            `json:"idempotency_key"`      // derived from job and step; the same on every attempt
+	// EffectKey is the ledger key of the step's effect, computed by the
+	// engine (the idempotency key, or the key the step's idempotency_key
+	// template names); empty for pure steps and older engines.
+	EffectKey string `json:"effect_key,omitempty"`
 }
 
 // StepResult is a worker's answer for one attempt, sent to the engine's
@@ -44,6 +48,10 @@ type StepResult struct {
 	Redelivered bool            `json:"redelivered,omitempty"` // the step message had been delivered before: a worker died or stalled
 	Worker      string          `json:"worker,omitempty"`
 	EffectKey   string          `json:"effect_key,omitempty"` // the ledger key, for steps that are not pure
+	// EffectState is the ledger state of the effect when the attempt ended
+	// in an error: whether the call may have happened (dispatched,
+	// ambiguous) or certainly did not (prepared). Empty for pure steps.
+	EffectState EffectState `json:"effect_state,omitempty"`
 }
 
 // History event types (CloudEvents "type" attribute). Every transition of a
@@ -52,6 +60,8 @@ type StepResult struct {
 const (
 	EventJobStarted     = "dev.waymark.job.started"
 	EventJobResumed     = "dev.waymark.job.resumed"
+	EventJobBlocked     = "dev.waymark.job.blocked"   // the engine cannot go on (its definition cannot be loaded); Reason says why
+	EventJobUnblocked   = "dev.waymark.job.unblocked" // the cause of a job.blocked is gone
 	EventJobCompleted   = "dev.waymark.job.completed"
 	EventJobFailed      = "dev.waymark.job.failed"
 	EventStepDispatched = "dev.waymark.step.dispatched"

@@ -30,6 +30,7 @@ const (
 	HeaderRedelivered    = "Waymark-Redelivered"
 	HeaderWorker         = "Waymark-Worker"
 	HeaderEffectKey      = "Waymark-Effect-Key"
+	HeaderEffectState    = "Waymark-Effect-State"
 )
 
 // Outcomes of a result.
@@ -55,6 +56,9 @@ func EncodeStepMessage(m *StepMessage, h map[string][]string) ([]byte, error) {
 		w.strMap(m.Vars)
 		set(HeaderVars, string(w.b))
 	}
+	if m.EffectKey != "" {
+		set(HeaderEffectKey, m.EffectKey)
+	}
 	if len(m.State) == 0 {
 		return []byte("{}"), nil
 	}
@@ -71,7 +75,7 @@ func DecodeStepMessage(h map[string][]string, body []byte) (*StepMessage, error)
 		return ""
 	}
 	m := &StepMessage{Job: get(HeaderJob), Step: get(HeaderStep), DefinitionHash: get(HeaderDefinition),
-		IdempotencyKey: get(HeaderIdempotencyKey), State: body}
+		IdempotencyKey: get(HeaderIdempotencyKey), EffectKey: get(HeaderEffectKey), State: body}
 	var err error
 	if m.Attempt, err = positive(get(HeaderAttempt)); err != nil {
 		return nil, fmt.Errorf("step message: %s: %w", HeaderAttempt, err)
@@ -119,6 +123,9 @@ func EncodeStepResult(r *StepResult, h map[string][]string) ([]byte, error) {
 	if r.EffectKey != "" {
 		set(HeaderEffectKey, r.EffectKey)
 	}
+	if r.EffectState != "" {
+		set(HeaderEffectState, string(r.EffectState))
+	}
 	if r.Error != nil {
 		set(HeaderOutcome, OutcomeError)
 		w := jsonw{}
@@ -142,7 +149,7 @@ func DecodeStepResult(h map[string][]string, body []byte) (*StepResult, error) {
 		return ""
 	}
 	r := &StepResult{Job: get(HeaderJob), Step: get(HeaderStep), Worker: get(HeaderWorker), Redelivered: get(HeaderRedelivered) == "true",
-		EffectKey: get(HeaderEffectKey)}
+		EffectKey: get(HeaderEffectKey), EffectState: EffectState(get(HeaderEffectState))}
 	var err error
 	if r.Attempt, err = positive(get(HeaderAttempt)); err != nil {
 		return nil, fmt.Errorf("step result: %s: %w", HeaderAttempt, err)

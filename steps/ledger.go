@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -66,11 +67,18 @@ func notPerformed(err error) bool {
 }
 
 // errStaleAttempt: the attempt is no longer the job's current one (the
-// engine moved on, or a later delivery took the effect over). The worker
-// acknowledges the message and publishes nothing.
+// engine moved on). The worker acknowledges the message and publishes
+// nothing.
 var errStaleAttempt = errors.New("attempt is no longer current")
 
-// effectKey is the call's ledger key: the idempotency key the engine
+// errOvertaken: a later delivery of this attempt's step message (this
+// worker's lease ran out, and another worker took the step) owns the
+// effect's record. The worker writes nothing more to the ledger,
+// publishes nothing, and leaves the message to the delivery that owns it.
+var errOvertaken = errors.New("a later delivery owns the effect")
+
+// effectKey is the call's ledger key when the step message does not carry
+// one (an engine older than the key): the idempotency key the engine
 // derived (job, step, run), or, when the step names its action with an
 // idempotency_key template, the workflow, the step and a digest of that.
 func (ps *preparedStep) effectKey(c *Call) (string, error) {
@@ -106,8 +114,35 @@ func (w *Worker) fence(ctx context.Context, c *Call) error {
 	return nil
 }
 
-// runEffect performs the call under the ledger's protocol.
-func (w *Worker) runEffect(ctx context.Context, ps *preparedStep, c *Call, delivery uint64) (any, error) {
+// attemptJob is the job whose attempt last wrote rec.
+func attemptJob(rec *schemas.EffectRecord) string {
+	if rec.AttemptOf != "" {
+		return rec.AttemptOf
+	}
+	return rec.Job
+}
+
+// overtakes reports whether rec was last written by a later attempt or
+// delivery of c's own job than (c.Attempt, delivery).
+func overtakes(rec *schemas.EffectRecord, c *Call, delivery uint64) bool {
+	return attemptJob(rec) == c.Job && (rec.Attempt > c.Attempt || (rec.Attempt == c.Attempt && rec.Delivery > delivery))
+}
+
+// share returns rec with job listed among the jobs sharing it (a copy
+// when it changes), and whether it changed.
+func share(rec *schemas.EffectRecord, job string) (*schemas.EffectRecord, bool) {
+	if rec.Job == job || slices.Contains(rec.SharedBy, job) {
+		return rec, false
+	}
+	next := *rec
+	next.SharedBy = append(slices.Clone(rec.SharedBy), job)
+	return &next, true
+}
+
+// runEffect performs the call under the ledger's protocol. state receives
+// the record's state when the attempt ends in an error, for the engine to
+// tell a failure that may have left the effect done from one that did not.
+func (w *Worker) runEffect(ctx context.Context, ps *preparedStep, c *Call, delivery uint64, state *schemas.EffectState) (any, error) {
 	class := ps.def.EffectOf(ps.step)
 	key := c.IdempotencyKey
 	if err := w.fence(ctx, c); err != nil {
@@ -139,12 +174,23 @@ func (w *Worker) runEffect(ctx context.Context, ps *preparedStep, c *Call, deliv
 		default:
 			rec, rev = ent.Record, ent.Revision
 		}
+		*state = rec.State
 		if rec.Settled() {
 			if try > 0 {
 				// This attempt lost a race for the record: the engine may have
 				// moved on meanwhile.
 				if err := w.fence(ctx, c); err != nil {
 					return nil, err
+				}
+			}
+			if shared, changed := share(rec, c.Job); changed {
+				// Another job's action with the same key: this job takes its
+				// result, and the record must outlive this job's use of it.
+				if _, err := eff.Update(ctx, shared, rev); err != nil {
+					if errors.Is(err, schemas.ErrConflict) {
+						continue
+					}
+					return nil, Retryable(err)
 				}
 			}
 			// Performed before, with a known result: answer with it.
@@ -161,14 +207,19 @@ func (w *Worker) runEffect(ctx context.Context, ps *preparedStep, c *Call, deliv
 		if rec.State == schemas.EffectAmbiguous {
 			return nil, ambiguousError(rec)
 		}
-		if rec.Attempt > c.Attempt || (rec.Attempt == c.Attempt && rec.Delivery > delivery) {
-			return nil, errStaleAttempt // a later delivery owns the effect
+		if overtakes(rec, c, delivery) {
+			return nil, errOvertaken
 		}
+		mine := attemptJob(rec) == c.Job
 		if rec.State == schemas.EffectDispatched {
-			switch class {
-			case schemas.EffectIdempotent:
+			switch {
+			case class == schemas.EffectIdempotent:
 				// Safe to call again: the provider recognises the key.
-			case schemas.EffectLookup:
+			case !mine:
+				// Another job's call with the same key may be under way; only
+				// an idempotent provider can take a second one.
+				return nil, Retryable(fmt.Errorf("effect %s is being performed by job %s; this attempt waits for its outcome", key, attemptJob(rec)))
+			case class == schemas.EffectLookup:
 				if out, found, err := w.lookup(ctx, ps, c); err != nil {
 					return nil, Retryable(fmt.Errorf("effect %s: look up whether it happened: %w", key, err))
 				} else if found {
@@ -185,27 +236,37 @@ func (w *Worker) runEffect(ctx context.Context, ps *preparedStep, c *Call, deliv
 				if err != nil {
 					return nil, Retryable(err)
 				}
+				*state = next.State
 				w.ctr.ambiguousEffects.Add(1)
 				w.effectEvent(ctx, &next, nrev, schemas.EventEffectAmbiguous)
 				return nil, ambiguousError(&next)
 			}
 		}
 		w.cfg.Failpoints.InjectStep(ctx, failpoint.WorkerAfterPrepared, c.Step.ID)
-		next := *rec
+		next, _ := share(rec, c.Job)
+		if next == rec {
+			cp := *rec
+			next = &cp
+		}
 		next.State, next.Attempt, next.Delivery, next.Worker = schemas.EffectDispatched, c.Attempt, delivery, w.cfg.ID
+		next.AttemptOf = ""
+		if c.Job != next.Job {
+			next.AttemptOf = c.Job
+		}
 		next.DispatchedAt, next.UpdatedAt, next.LastError = now, now, nil
 		next.Happened = nil // a resolution that said "did not happen" is superseded by this call
 		next.Calls++
-		nrev, err := eff.Update(ctx, &next, rev)
+		nrev, err := eff.Update(ctx, next, rev)
 		if errors.Is(err, schemas.ErrConflict) {
 			continue
 		}
 		if err != nil {
 			return nil, Retryable(err)
 		}
-		rec, rev = &next, nrev
+		rec, rev = next, nrev
 		break
 	}
+	*state = schemas.EffectDispatched
 	w.effectEvent(ctx, rec, rev, schemas.EventEffectDispatched)
 
 	out, runErr := safeRun(ctx, ps.runner, c)
@@ -215,13 +276,15 @@ func (w *Worker) runEffect(ctx context.Context, ps *preparedStep, c *Call, deliv
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if runErr != nil {
-		return nil, w.callFailed(lctx, rec, rev, class, runErr)
+		return nil, w.callFailed(lctx, rec, rev, class, c, delivery, runErr, state)
 	}
 	return w.confirm(lctx, rec, rev, c, delivery, out)
 }
 
 // confirm records the effect's result, then checks the fencing token again
-// before the result is published.
+// before the result is published. A worker overtaken meanwhile by a later
+// delivery of its own step writes nothing (errOvertaken): the record is
+// that delivery's, and an idempotent provider gave both calls one outcome.
 func (w *Worker) confirm(ctx context.Context, rec *schemas.EffectRecord, rev uint64, c *Call, delivery uint64, out any) (any, error) {
 	raw, err := encodeOutput(out)
 	if err != nil {
@@ -235,21 +298,25 @@ func (w *Worker) confirm(ctx context.Context, rec *schemas.EffectRecord, rev uin
 		next.SettledAt, next.UpdatedAt, next.LastError, next.Reason = now, now, nil, ""
 		nrev, err := w.store.Effects.Update(ctx, &next, rev)
 		if errors.Is(err, schemas.ErrConflict) && try < 8 {
-			// Someone else wrote meanwhile (a later delivery gave up on this
-			// one). This call did happen: record it over theirs, unless the
-			// record already holds a settled answer.
 			ent, gerr := w.store.Effects.Get(ctx, rec.Key)
 			if gerr != nil {
 				return nil, Retryable(gerr)
-			}
-			if ent.Record.Settled() {
-				return recordedOutput(ent.Record), w.fence(ctx, c)
 			}
 			if ent.Record.State == schemas.EffectAmbiguous {
 				// A later delivery declared the outcome unknown and stopped
 				// the job; this answer settles it.
 				return w.settleLate(ctx, ent.Record, ent.Revision, c, raw, out)
 			}
+			if overtakes(ent.Record, c, delivery) {
+				w.log.Info("overtaken by a later delivery while the call was under way; leaving the effect to it", "job", c.Job, "key", rec.Key)
+				return nil, errOvertaken
+			}
+			if ent.Record.Settled() {
+				// Another job sharing the key settled it first.
+				return recordedOutput(ent.Record), w.fence(ctx, c)
+			}
+			// Another job sharing the key wrote meanwhile: this call did
+			// happen, so record it over theirs.
 			rec, rev = ent.Record, ent.Revision
 			continue
 		}
@@ -280,8 +347,8 @@ func (w *Worker) confirm(ctx context.Context, rec *schemas.EffectRecord, rev uin
 // settleLate records the answer of a call that returned after a later
 // delivery had declared the effect ambiguous: the outcome is known now, so
 // the effect is reconciled as happened with this result, as a person would
-// with engine effects resolve --happened, and the job waiting on it is told.
-// This attempt itself is stale by then: its result is not published.
+// with engine effects resolve --happened, and every job waiting on it is
+// told. This attempt itself is stale by then: its result is not published.
 func (w *Worker) settleLate(ctx context.Context, rec *schemas.EffectRecord, rev uint64, c *Call, raw []byte, out any) (any, error) {
 	now := time.Now().UTC()
 	for try := 0; ; try++ {
@@ -308,34 +375,37 @@ func (w *Worker) settleLate(ctx context.Context, rec *schemas.EffectRecord, rev 
 			return nil, Retryable(fmt.Errorf("effect %s performed, but recording it over the ambiguous record failed: %w", rec.Key, err))
 		}
 		w.effectEvent(ctx, &next, nrev, schemas.EventEffectReconciled)
-		if err := w.signalResolved(ctx, &next, nrev); err != nil {
-			// The engine's reconciler resumes jobs whose effect was resolved
-			// while the signal was lost.
-			w.log.Warn("effect settled by a late answer; telling the job failed", "job", c.Job, "key", rec.Key, "err", err)
+		for _, job := range append([]string{next.Job}, next.SharedBy...) {
+			if err := w.signalResolved(ctx, job, &next, nrev); err != nil {
+				// The engine's reconciler resumes jobs whose effect was
+				// resolved while the signal was lost.
+				w.log.Warn("effect settled by a late answer; telling the job failed", "job", job, "key", rec.Key, "err", err)
+			}
 		}
 		w.ctr.settledLate.Add(1)
 		return recordedOutput(&next), w.fence(ctx, c)
 	}
 }
 
-// signalResolved tells the engine that the effect rec, blocking its job,
-// was resolved (the same signal engine effects resolve sends).
-func (w *Worker) signalResolved(ctx context.Context, rec *schemas.EffectRecord, rev uint64) error {
-	sig, err := json.Marshal(schemas.Signal{Job: rec.Job, Type: schemas.SignalEffectResolved, Key: rec.Key, By: rec.ReconciledBy})
+// signalResolved tells job that the effect rec, blocking it, was resolved
+// (the same signal engine effects resolve sends).
+func (w *Worker) signalResolved(ctx context.Context, job string, rec *schemas.EffectRecord, rev uint64) error {
+	sig, err := json.Marshal(schemas.Signal{Job: job, Type: schemas.SignalEffectResolved, Key: rec.Key, By: rec.ReconciledBy})
 	if err != nil {
 		return err
 	}
-	m := nats.NewMsg(w.store.Names.InboxSubject(kv.InboxSignal, rec.Job))
+	m := nats.NewMsg(w.store.Names.InboxSubject(kv.InboxSignal, job))
 	m.Data = sig
-	m.Header.Set(jetstream.MsgIDHeader, rec.Job+"/resolve/"+strconv.FormatUint(rev, 10))
+	m.Header.Set(jetstream.MsgIDHeader, job+"/resolve/"+strconv.FormatUint(rev, 10))
 	_, err = w.store.JS.PublishMsg(ctx, m)
 	return err
 }
 
 // callFailed records a failed call: a refusal returns the record to
 // prepared (calling again is safe); an unknown outcome leaves it
-// dispatched, or makes an unsafe effect ambiguous at once.
-func (w *Worker) callFailed(ctx context.Context, rec *schemas.EffectRecord, rev uint64, class schemas.EffectClass, runErr error) error {
+// dispatched, or makes an unsafe effect ambiguous at once. A worker
+// overtaken meanwhile writes nothing (errOvertaken).
+func (w *Worker) callFailed(ctx context.Context, rec *schemas.EffectRecord, rev uint64, class schemas.EffectClass, c *Call, delivery uint64, runErr error, state *schemas.EffectState) error {
 	now := time.Now().UTC()
 	next := *rec
 	next.LastError = toError(runErr)
@@ -351,9 +421,19 @@ func (w *Worker) callFailed(ctx context.Context, rec *schemas.EffectRecord, rev 
 		evType = schemas.EventEffectAmbiguous
 	}
 	nrev, err := w.store.Effects.Update(ctx, &next, rev)
+	if errors.Is(err, schemas.ErrConflict) {
+		if ent, gerr := w.store.Effects.Get(ctx, rec.Key); gerr == nil {
+			*state = ent.Record.State
+			if overtakes(ent.Record, c, delivery) {
+				return errOvertaken
+			}
+		}
+		return Retryable(fmt.Errorf("%w (and recording the failure: %v)", runErr, err))
+	}
 	if err != nil {
 		return Retryable(fmt.Errorf("%w (and recording the failure: %v)", runErr, err))
 	}
+	*state = next.State
 	if evType != "" {
 		w.effectEvent(ctx, &next, nrev, evType)
 	}
@@ -415,7 +495,7 @@ func digestOf(b []byte) string {
 // record itself is the source of truth; an event lost to a crash is a gap
 // in the narrative, not in the ledger.
 func (w *Worker) effectEvent(ctx context.Context, rec *schemas.EffectRecord, rev uint64, typ string) {
-	m := nats.NewMsg(w.store.Names.HistorySubject(rec.Job))
+	m := nats.NewMsg(w.store.Names.EffectHistorySubject(rec.Job))
 	m.Data = schemas.AppendEffectEvent(nil, "/waymark/worker", typ, rec, rev, time.Now().UTC())
 	m.Header.Set(jetstream.MsgIDHeader, rec.Job+"/effect/"+strconv.FormatUint(rev, 10)+"/"+typ)
 	m.Header.Set("Content-Type", "application/cloudevents-batch+json")

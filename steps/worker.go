@@ -250,6 +250,19 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 	replayedPure := redelivered
 	w.ctr.started.Add(1)
 	ps, err := w.prepare(ctx, sm.DefinitionHash, sm.Step)
+	if errors.Is(err, schemas.ErrNotFound) || errors.Is(err, schemas.ErrDefinitionInvalid) {
+		// Not the step's failure: the engine blocks the job until the
+		// definition is stored again, then dispatches the step anew.
+		log.Warn("the step's definition cannot be loaded; telling the engine", "err", err)
+		res := &schemas.StepResult{Job: sm.Job, Step: sm.Step, Attempt: sm.Attempt, Worker: w.cfg.ID,
+			Error: &schemas.Error{Code: schemas.CodeDefinitionMissing, Message: fmt.Sprintf("definition %s: %v", sm.DefinitionHash, err)}}
+		if err := w.publishResult(ctx, res, m.Headers().Get(jetstream.MsgIDHeader)); err != nil {
+			_ = m.NakWithDelay(time.Second)
+			return
+		}
+		_ = m.Ack()
+		return
+	}
 	if err != nil {
 		// The definition could not be read: transient, try again soon.
 		log.Warn("cannot load definition; retrying", "err", err)
@@ -270,12 +283,19 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 		w.handBack(m, log, "this worker lacks a service the step needs; handing the step back", "service", missing.Name)
 		return
 	}
-	if stale {
-		// The engine has moved past this attempt (or a later delivery owns
-		// its effect): nothing to report, nothing to run again.
+	switch stale {
+	case staleAttempt:
+		// The engine has moved past this attempt: nothing to report,
+		// nothing to run again.
 		w.ctr.stale.Add(1)
 		log.Info("attempt is no longer current; dropping it")
 		_ = m.Ack()
+		return
+	case staleOvertaken:
+		// A later delivery of this message owns the effect: this worker
+		// neither writes nor reports, and leaves the message to it.
+		w.ctr.overtaken.Add(1)
+		log.Info("overtaken by a later delivery of this step; dropping this one without a report")
 		return
 	}
 	if ctx.Err() != nil {
@@ -291,7 +311,7 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 	}
 	res.Redelivered = redelivered
 	res.Worker = w.cfg.ID
-	if err := w.publishResult(ctx, res); err != nil {
+	if err := w.publishResult(ctx, res, m.Headers().Get(jetstream.MsgIDHeader)); err != nil {
 		log.Error("result not published; the step will run again on redelivery", "err", err)
 		_ = m.NakWithDelay(time.Second)
 		return
@@ -314,14 +334,21 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 
 // run performs the attempt and returns its result, with the lease
 // extended by heartbeats while the kind runs.
-func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm *schemas.StepMessage, delivered uint64, log *lazyLog) (*schemas.StepResult, bool) {
+// Why an attempt produced no result to publish.
+const (
+	notStale       = iota
+	staleAttempt   // the engine moved past the attempt
+	staleOvertaken // a later delivery of the step message owns its effect
+)
+
+func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm *schemas.StepMessage, delivered uint64, log *lazyLog) (*schemas.StepResult, int) {
 	res := &schemas.StepResult{Job: sm.Job, Step: sm.Step, Attempt: sm.Attempt}
-	fail := func(e *schemas.Error) (*schemas.StepResult, bool) {
+	fail := func(e *schemas.Error) (*schemas.StepResult, int) {
 		w.ctr.failed.Add(1)
 		res.Error = e
 		res.Output = nil
-		log.Info("step attempt failed", "code", e.Code, "retryable", e.Retryable, "err", e.Message)
-		return res, false
+		log.Info("step attempt failed", "code", e.Code, "retryable", e.Retryable, "err", e.Message, "effect_state", res.EffectState)
+		return res, notStale
 	}
 	if ps.err != nil {
 		return fail(&schemas.Error{Code: schemas.CodeDefinitionInvalid, Message: ps.err.Error()})
@@ -337,9 +364,12 @@ func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm 
 	}
 	effectful := ps.def.EffectOf(ps.step) != schemas.EffectPure
 	if effectful {
-		key, err := ps.effectKey(call)
-		if err != nil {
-			return fail(&schemas.Error{Code: schemas.CodeInputInvalid, Message: "idempotency_key: " + err.Error()})
+		key := sm.EffectKey // computed by the engine
+		if key == "" {
+			var err error
+			if key, err = ps.effectKey(call); err != nil {
+				return fail(&schemas.Error{Code: schemas.CodeInputInvalid, Message: "idempotency_key: " + err.Error()})
+			}
 		}
 		call.IdempotencyKey = key
 		res.EffectKey = key
@@ -352,18 +382,23 @@ func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm 
 	var out any
 	var err error
 	if effectful {
-		out, err = w.runEffect(rctx, ps, call, delivered)
+		out, err = w.runEffect(rctx, ps, call, delivered, &res.EffectState)
 	} else {
 		out, err = safeRun(rctx, ps.runner, call)
 	}
 	stop()
 	res.DurationMs = time.Since(start).Milliseconds()
-	if errors.Is(err, errStaleAttempt) {
-		return nil, true
+	switch {
+	case errors.Is(err, errStaleAttempt):
+		return nil, staleAttempt
+	case errors.Is(err, errOvertaken):
+		return nil, staleOvertaken
 	}
 	if err != nil {
 		e := toError(err)
-		if rctx.Err() == context.DeadlineExceeded && ctx.Err() == nil {
+		if rctx.Err() == context.DeadlineExceeded && ctx.Err() == nil && e.Code != schemas.CodeAmbiguous {
+			// An ambiguous effect keeps its code: the job must stop for a
+			// person, not retry or fail.
 			e = &schemas.Error{Code: schemas.CodeTimeout, Retryable: true, Message: fmt.Sprintf("step ran past its timeout of %v: %s", timeout, e.Message)}
 		}
 		return fail(e)
@@ -382,7 +417,8 @@ func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm 
 	}
 	w.ctr.succeeded.Add(1)
 	res.Output = raw
-	return res, false
+	res.EffectState = ""
+	return res, notStale
 }
 
 // safeRun calls the runner, turning a panic in step code into a
@@ -479,15 +515,20 @@ func (w *Worker) heartbeat(m jetstream.Msg, until time.Time) (stop func()) {
 }
 
 // publishResult sends res to the engine's inbox, trying again on errors:
-// the dedup id makes a repeat harmless.
-func (w *Worker) publishResult(ctx context.Context, res *schemas.StepResult) error {
+// the dedup id (the step message's id and "/result") makes a repeat
+// harmless.
+func (w *Worker) publishResult(ctx context.Context, res *schemas.StepResult, stepMsgID string) error {
 	m := nats.NewMsg(w.store.Names.InboxSubject(kv.InboxResult, res.Job))
 	data, err := schemas.EncodeStepResult(res, m.Header)
 	if err != nil {
 		return fmt.Errorf("encode result: %w", err)
 	}
 	m.Data = data
-	m.Header.Set(jetstream.MsgIDHeader, schemas.ResultMsgID(res.Job, res.Step, res.Attempt))
+	id := stepMsgID + "/result"
+	if stepMsgID == "" {
+		id = schemas.ResultMsgID(res.Job, res.Step, res.Attempt)
+	}
+	m.Header.Set(jetstream.MsgIDHeader, id)
 	delay := 100 * time.Millisecond
 	for try := 1; ; try++ {
 		pctx, cancel := context.WithTimeout(ctx, resultPublishTimout)
@@ -498,7 +539,7 @@ func (w *Worker) publishResult(ctx context.Context, res *schemas.StepResult) err
 			return nil
 		}
 		if try == resultPublishTries || ctx.Err() != nil {
-			return fmt.Errorf("publish result %s: %w", schemas.ResultMsgID(res.Job, res.Step, res.Attempt), err)
+			return fmt.Errorf("publish result %s: %w", id, err)
 		}
 		select {
 		case <-time.After(delay):
@@ -564,24 +605,29 @@ type WorkerStats struct {
 	AmbiguousEffects uint64 `json:"ambiguous_effects"`
 	SettledLate      uint64 `json:"effects_settled_late"`
 	Stale            uint64 `json:"stale_attempts"`
-	Started          uint64 `json:"steps_started"`
-	Succeeded        uint64 `json:"steps_succeeded"`
-	Failed           uint64 `json:"steps_failed"`
-	Redeliveries     uint64 `json:"redeliveries"` // deliveries after a worker died or stalled
-	Held             uint64 `json:"held_for_retry_delay"`
-	Published        uint64 `json:"results_published"`
-	Heartbeats       uint64 `json:"heartbeats"`
+	// Overtaken counts deliveries dropped without a report because a later
+	// delivery of the same step message owned the effect (a lease that ran
+	// out under a stalled worker).
+	Overtaken    uint64 `json:"overtaken"`
+	Started      uint64 `json:"steps_started"`
+	Succeeded    uint64 `json:"steps_succeeded"`
+	Failed       uint64 `json:"steps_failed"`
+	Redeliveries uint64 `json:"redeliveries"` // deliveries after a worker died or stalled
+	Held         uint64 `json:"held_for_retry_delay"`
+	Published    uint64 `json:"results_published"`
+	Heartbeats   uint64 `json:"heartbeats"`
 }
 
 type workerCounters struct {
 	started, succeeded, failed, redeliveries, held, published, heartbeats atomic.Uint64
 	replayedEffects, ambiguousEffects, stale, replayedPure, settledLate   atomic.Uint64
+	overtaken                                                             atomic.Uint64
 }
 
 // Stats returns a snapshot of the worker's counters. Safe for concurrent use.
 func (w *Worker) Stats() WorkerStats {
 	c := &w.ctr
-	return WorkerStats{ReplayedEffects: c.replayedEffects.Load(), ReplayedPure: c.replayedPure.Load(), AmbiguousEffects: c.ambiguousEffects.Load(), SettledLate: c.settledLate.Load(), Stale: c.stale.Load(),
+	return WorkerStats{ReplayedEffects: c.replayedEffects.Load(), ReplayedPure: c.replayedPure.Load(), AmbiguousEffects: c.ambiguousEffects.Load(), SettledLate: c.settledLate.Load(), Stale: c.stale.Load(), Overtaken: c.overtaken.Load(),
 		Started: c.started.Load(), Succeeded: c.succeeded.Load(), Failed: c.failed.Load(),
 		Redeliveries: c.redeliveries.Load(), Held: c.held.Load(), Published: c.published.Load(), Heartbeats: c.heartbeats.Load()}
 }

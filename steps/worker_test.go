@@ -279,7 +279,11 @@ func (b *workerBundle) recordDispatch(sm schemas.StepMessage) {
 // publishRaw publishes a step message as it is, headers and body.
 func (b *workerBundle) publishRaw(h nats.Header, data []byte, msgID string) {
 	b.t.Helper()
-	m := nats.NewMsg(b.store.Names.WorkSubject(schemas.DefaultPool))
+	job := "job"
+	if v := h[schemas.HeaderJob]; len(v) > 0 && v[0] != "" {
+		job = v[0]
+	}
+	m := nats.NewMsg(b.store.Names.WorkSubject(schemas.DefaultPool, job))
 	for k, v := range h {
 		m.Header[k] = v
 	}

@@ -426,8 +426,8 @@ func TestAmbiguousEffectResolvedAsHappened(t *testing.T) {
 	if err != nil {
 		t.Fatalf("resolve: %v", err)
 	}
-	if got.State != schemas.EffectReconciled || got.Happened == nil || !*got.Happened || got.ReconciledBy != "ops" {
-		t.Fatalf("resolve returned %+v", got)
+	if r := got.EffectRecord; r.State != schemas.EffectReconciled || r.Happened == nil || !*r.Happened || r.ReconciledBy != "ops" || !slices.Equal(got.Resumed, []string{job}) {
+		t.Fatalf("resolve returned %+v (resumed %v)", r, got.Resumed)
 	}
 	v = b.waitStatus(job, schemas.JobCompleted)
 	if mail := stateField(t, v, "mail"); !jsonEqual(mail, result) {
@@ -540,8 +540,8 @@ func TestAmbiguousEffectResolvedAsNotHappened(t *testing.T) {
 	if err != nil {
 		t.Fatalf("resolve: %v", err)
 	}
-	if got.State != schemas.EffectReconciled || got.Happened == nil || *got.Happened {
-		t.Fatalf("resolve returned %+v, want reconciled as not happened", got)
+	if r := got.EffectRecord; r.State != schemas.EffectReconciled || r.Happened == nil || *r.Happened {
+		t.Fatalf("resolve returned %+v, want reconciled as not happened", r)
 	}
 	v = b.waitStatus(job, schemas.JobCompleted)
 	b.checkProvider(demo.NameMail, key, 2, 1)
@@ -886,11 +886,11 @@ func TestDedupOutlivesTheDuplicateWindow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	orig, err := stream.GetLastMsgForSubject(context.Background(), b.store.Names.WorkSubject(cur.Pool))
+	orig, err := stream.GetLastMsgForSubject(context.Background(), b.store.Names.WorkSubject(cur.Pool, job))
 	if err != nil {
 		t.Fatalf("the step message in hand: %v", err)
 	}
-	if id := orig.Header.Get(jetstream.MsgIDHeader); id != cur.MsgID || id != schemas.StepMsgID(job, "charge", 1) {
+	if id := orig.Header.Get(jetstream.MsgIDHeader); id != cur.MsgID || id != schemas.StepMsgID(ent.Checkpoint.MsgPrefix(), "charge", 1) {
 		t.Fatalf("step message id %q, checkpoint says %q", id, cur.MsgID)
 	}
 	sm, err := schemas.DecodeStepMessage(orig.Header, orig.Data)
@@ -899,7 +899,7 @@ func TestDedupOutlivesTheDuplicateWindow(t *testing.T) {
 	}
 	republish := func() *jetstream.PubAck {
 		t.Helper()
-		m := nats.NewMsg(b.store.Names.WorkSubject(cur.Pool))
+		m := nats.NewMsg(b.store.Names.WorkSubject(cur.Pool, job))
 		if m.Data, err = schemas.EncodeStepMessage(sm, m.Header); err != nil {
 			t.Fatal(err)
 		}
@@ -987,10 +987,10 @@ func newEffGate() *effGate { return &effGate{ch: make(chan struct{})} }
 
 func (g *effGate) open() { g.once.Do(func() { close(g.ch) }) }
 
-// TestEffectRetention: effect records stay while their job runs, however
-// old, and for EffectRetention after it completed; then a sweep removes
-// them.
-func TestEffectRetention(t *testing.T) {
+// TestJobRetention: a job's checkpoint, history, index entry and effect
+// records stay while it runs, however old, and for JobRetention after it
+// completed; then a sweep removes them all, and only them.
+func TestJobRetention(t *testing.T) {
 	t.Parallel()
 	const done, running = "retained-done", "retained-running"
 	retention := time.Second
@@ -999,7 +999,7 @@ func TestEffectRetention(t *testing.T) {
 	held := map[string]*effGate{done + "/notify": newEffGate(), running + "/notify": newEffGate()}
 	var entered sync.Map
 	b := effSetup(t, effOptions{
-		kv: kv.Config{EffectRetention: retention},
+		kv: kv.Config{JobRetention: retention},
 		// No background reconciler or sweep: this test sweeps, and moves
 		// the clock, itself.
 		engine: engine.Config{Now: clock.Now, ReconcileInterval: -1},
@@ -1032,7 +1032,7 @@ func TestEffectRetention(t *testing.T) {
 		t.Helper()
 		clock.Set(at)
 		defer clock.Set(time.Time{})
-		if err := b.engine.SweepEffects(ctx); err != nil {
+		if err := b.engine.SweepJobs(ctx); err != nil {
 			t.Fatalf("sweep: %v", err)
 		}
 	}
@@ -1061,12 +1061,28 @@ func TestEffectRetention(t *testing.T) {
 	if _, err := b.client.Effect(ctx, done+"/charge"); !errors.Is(err, schemas.ErrNotFound) {
 		t.Errorf("swept record: %v, want ErrNotFound", err)
 	}
+	if _, err := b.client.Job(ctx, done); !errors.Is(err, schemas.ErrNotFound) {
+		t.Errorf("swept job: %v, want ErrNotFound", err)
+	}
+	if evs, err := b.client.History(ctx, done); err != nil || len(evs) != 0 {
+		t.Errorf("swept job's history: %d events, %v; want none", len(evs), err)
+	}
+	if page, err := b.client.List(ctx, client.ListFilter{Status: schemas.JobCompleted}); err != nil || len(page.Jobs) != 0 {
+		t.Errorf("completed jobs after the sweep: %+v, %v; want none", page.Jobs, err)
+	}
+	if b.engine.Stats().JobsSwept != 1 {
+		t.Errorf("jobs swept: %d, want 1", b.engine.Stats().JobsSwept)
+	}
+	// A swept id can be started again.
+	b.start(done)
 	if n := count(running); n != 3 {
 		t.Errorf("the running job lost records: %d left, want 3", n)
 	}
+	held[done+"/notify"].open()
+	b.waitStatus(done, schemas.JobCompleted)
 	sweep(ended.Add(1000 * time.Hour))
-	if n := count(running); n != 3 || b.engine.Stats().EffectsSwept != 3 {
-		t.Errorf("a late sweep: %d records of the running job left (want 3), %d swept (want 3)", n, b.engine.Stats().EffectsSwept)
+	if n := count(running); n != 3 || b.engine.Stats().EffectsSwept != 6 {
+		t.Errorf("a late sweep: %d records of the running job left (want 3), %d swept (want 6: the restarted job's too)", n, b.engine.Stats().EffectsSwept)
 	}
 	if v, err := b.client.Job(ctx, running); err != nil || v.Status != schemas.JobRunning {
 		t.Fatalf("job %s: %v %v, want still running", running, v, err)

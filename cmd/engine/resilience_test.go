@@ -1031,7 +1031,7 @@ func TestSoakRandomKills(t *testing.T) {
 		if err != nil {
 			continue
 		}
-		for _, s := range list {
+		for _, s := range list.Jobs {
 			final[s.ID] = s
 		}
 		stopped = 0

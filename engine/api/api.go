@@ -23,7 +23,7 @@ const MaxRequestBytes = 8 << 20
 //
 //	POST /v1/workflows              body: a workflow definition (YAML or JSON) → {name, version, hash}
 //	POST /v1/jobs                   {"workflow" | "definition_hash", "input", "job_id"?, "vars"?} → 201 {job_id, ...}; 200 when attached
-//	GET  /v1/jobs?status=&workflow=&limit=  → {"jobs": [...]} (status: running, completed, failed, needs_reconciliation, quarantined)
+//	GET  /v1/jobs?status=&workflow=&limit=&after=  → {"jobs": [...], "cursor"?} newest first; after= the cursor of the previous page
 //	GET  /v1/jobs/{id}              → the job record
 //	GET  /v1/jobs/{id}/history      → {"events": [...]}
 //	GET  /v1/effects?job=&state=    → {"effects": [...]} (state: prepared, dispatched, confirmed, ambiguous, reconciled)
@@ -201,7 +201,7 @@ func (a *API) startJob(w http.ResponseWriter, r *http.Request) {
 // jobStatuses and effectStates are the values the status and state
 // filters accept.
 var (
-	jobStatuses  = []schemas.JobStatus{schemas.JobRunning, schemas.JobCompleted, schemas.JobFailed, schemas.JobNeedsReconciliation, schemas.JobQuarantined}
+	jobStatuses  = []schemas.JobStatus{schemas.JobPending, schemas.JobRunning, schemas.JobCompleted, schemas.JobFailed, schemas.JobNeedsReconciliation, schemas.JobBlocked, schemas.JobQuarantined}
 	effectStates = []schemas.EffectState{schemas.EffectPrepared, schemas.EffectDispatched, schemas.EffectConfirmed, schemas.EffectAmbiguous, schemas.EffectReconciled}
 )
 
@@ -224,7 +224,7 @@ func (a *API) listJobs(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
-	f := client.ListFilter{Status: schemas.JobStatus(q.Get("status")), Workflow: q.Get("workflow")}
+	f := client.ListFilter{Status: schemas.JobStatus(q.Get("status")), Workflow: q.Get("workflow"), After: q.Get("after")}
 	if s := q.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > 10000 {
@@ -233,15 +233,12 @@ func (a *API) listJobs(w http.ResponseWriter, r *http.Request) {
 		}
 		f.Limit = n
 	}
-	jobs, err := a.Client.List(r.Context(), f)
+	page, err := a.Client.List(r.Context(), f)
 	if err != nil {
 		a.fail(w, r, err)
 		return
 	}
-	if jobs == nil {
-		jobs = []client.JobSummary{}
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"jobs": jobs})
+	writeJSON(w, http.StatusOK, page)
 }
 
 func (a *API) getJob(w http.ResponseWriter, r *http.Request) {

@@ -133,7 +133,7 @@ func TestHTTPAPI(t *testing.T) {
 		{"GET", "/v1/jobs/absent/history", "", 404, "not_found", nil},
 		{"GET", "/v1/jobs?limit=0", "", 400, "input_invalid", nil},
 		{"GET", "/v1/jobs?status=bogus", "", 400, "input_invalid",
-			[]string{`status "bogus"`, "running, completed, failed, needs_reconciliation, quarantined"}},
+			[]string{`status "bogus"`, "pending, running, completed, failed, needs_reconciliation, blocked, quarantined"}},
 		{"GET", "/v1/effects?state=bogus", "", 400, "input_invalid",
 			[]string{`state "bogus"`, "prepared, dispatched, confirmed, ambiguous, reconciled"}},
 		{"POST", "/v1/effects/resolve", `{"key": "j/notify", "by": "a"}`, 400, "input_invalid", []string{"happened is required", "true", "false"}},

@@ -168,13 +168,42 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 		c.stored.Store(def.Hash, true)
 	}
 	// The job exists once its pending checkpoint is stored (create-only:
-	// an id that exists is attached to). The start request that follows
-	// only wakes an engine; if it is lost, engines start pending jobs by
-	// themselves.
+	// an id that exists is attached to). Its index entry comes first, so
+	// that no job the engines must watch is ever missing from the index;
+	// a crash between the two leaves an entry that the reconciler removes.
+	// The start request that follows only wakes an engine; if it is lost,
+	// engines start pending jobs by themselves.
+	key := kv.ActiveKey(def.Name, id)
+	rev, err := c.store.Jobs.CreateActive(ctx, cp)
+	if errors.Is(err, schemas.ErrConflict) {
+		// The job exists, or its creation was cut short: the checkpoint
+		// decides which.
+		got, gerr := c.store.Jobs.Get(ctx, key)
+		if gerr != nil && !errors.Is(gerr, schemas.ErrNotFound) {
+			return StartResult{}, fmt.Errorf("start job %s: %w", id, gerr)
+		}
+		rev, err = got.Revision, nil
+	}
+	if err != nil {
+		return StartResult{}, fmt.Errorf("start job %s: %w", id, err)
+	}
+	cp.IndexRev = rev
+	// The start request's dedup id names this creation of the job, so that
+	// an id used again after its job was swept is not taken for a copy.
+	startID := schemas.StartMsgID(id) + "/" + strconv.FormatUint(rev, 10)
+	cp.Cause = startID
 	if _, err := c.store.Checkpoints.Create(ctx, cp); errors.Is(err, schemas.ErrConflict) {
 		return c.attach(ctx, id, def, input)
 	} else if err != nil {
 		return StartResult{}, fmt.Errorf("start job %s: %w", id, err)
+	}
+	if rev == 0 {
+		// Another start of this id created the index entry and is still on
+		// its way, or a reconciler removed a stale one: make sure the job
+		// is indexed.
+		if _, err := c.store.Jobs.CreateActive(ctx, cp); err != nil && !errors.Is(err, schemas.ErrConflict) {
+			return StartResult{}, fmt.Errorf("start job %s: stored, but not indexed (engines will not watch it until it is): %w", id, err)
+		}
 	}
 	data, err := json.Marshal(req)
 	if err != nil {
@@ -182,7 +211,7 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 	}
 	m := nats.NewMsg(c.store.Names.InboxSubject(kv.InboxStart, id))
 	m.Data = data
-	m.Header.Set(jetstream.MsgIDHeader, schemas.StartMsgID(id))
+	m.Header.Set(jetstream.MsgIDHeader, startID)
 	if _, err := c.store.JS.PublishMsg(ctx, m); err != nil {
 		// The job is stored and will be started by the reconciler.
 		return res, fmt.Errorf("start job %s: stored, but the start request was not published (an engine starts it within its reconcile interval): %w", id, err)
@@ -241,36 +270,101 @@ func (c *Client) Job(ctx context.Context, id string) (*JobView, error) {
 type ListFilter struct {
 	Status   schemas.JobStatus
 	Workflow string
-	Limit    int // most recently updated first; 0 means 100
+	// Limit caps the page; 0 means 100.
+	Limit int
+	// After continues a listing: the Cursor of the previous page.
+	After string
 }
 
-// List returns job summaries, most recently updated first. It reads every
-// checkpoint: meant for people and tests, not for hot paths.
-func (c *Client) List(ctx context.Context, f ListFilter) ([]JobSummary, error) {
+// JobPage is one page of a listing. Cursor, when not empty, is what
+// ListFilter.After takes to get the next page.
+type JobPage struct {
+	Jobs   []JobSummary `json:"jobs"`
+	Cursor string       `json:"cursor,omitempty"`
+}
+
+// List returns one page of job summaries, newest first: jobs still running
+// (or waiting) in the order they were created, finished ones in the order
+// they finished, interleaved by that order. It reads the job index, never
+// every checkpoint: filters on a finished status or a workflow are done
+// by the server, and only the checkpoints of the jobs listed that may
+// still change are read (for their current status). A job that changes
+// between two pages (it finished) moves to the top of the listing and is
+// not listed again further down. Errors: schemas.ErrInputInvalid for a bad
+// cursor.
+func (c *Client) List(ctx context.Context, f ListFilter) (JobPage, error) {
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
-	var out []JobSummary
-	err := c.store.Checkpoints.List(ctx, func(job string, ent kv.Entry, err error) bool {
+	var before uint64
+	if f.After != "" {
+		n, err := strconv.ParseUint(f.After, 10, 64)
+		if err != nil || n == 0 {
+			return JobPage{}, schemas.Errorf(schemas.CodeInputInvalid, "cursor %q is not one this listing gave", f.After)
+		}
+		before = n
+	}
+	filter := kv.IndexFilter{Workflow: f.Workflow}
+	activeStatus := false
+	switch f.Status {
+	case "":
+	case schemas.JobCompleted, schemas.JobFailed:
+		filter.Status = f.Status
+	default:
+		filter.Active, activeStatus = true, true
+	}
+	page := JobPage{Jobs: []JobSummary{}}
+	for len(page.Jobs) < f.Limit {
+		want := f.Limit - len(page.Jobs)
+		entries, err := c.store.Jobs.Page(ctx, filter, before, want)
 		if err != nil {
-			out = append(out, JobSummary{ID: job, Status: schemas.JobQuarantined, Error: schemas.AsError(err)})
-			return true
+			return JobPage{}, err
 		}
-		cp := ent.Checkpoint
-		if (f.Status != "" && cp.Status != f.Status) || (f.Workflow != "" && cp.Workflow != f.Workflow) {
-			return true
+		for _, e := range entries {
+			before = e.Revision
+			s, ok, err := c.summary(ctx, e)
+			if err != nil {
+				return JobPage{}, err
+			}
+			if !ok || (activeStatus && s.Status != f.Status) {
+				continue
+			}
+			page.Jobs = append(page.Jobs, s)
 		}
-		out = append(out, summarize(cp))
-		return true
-	})
-	if err != nil {
-		return nil, err
+		if len(entries) < want {
+			return page, nil // the start of the index: no more pages
+		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].UpdatedAt.After(out[j].UpdatedAt) })
-	if len(out) > f.Limit {
-		out = out[:f.Limit]
+	page.Cursor = strconv.FormatUint(before, 10)
+	return page, nil
+}
+
+// summary describes one index entry: from the entry for a finished job,
+// from its checkpoint for one that may still change. ok is false for an
+// entry whose checkpoint does not exist (a creation cut short).
+func (c *Client) summary(ctx context.Context, e kv.IndexEntry) (JobSummary, bool, error) {
+	if e.Ended() {
+		return JobSummary{ID: e.Job, Workflow: e.Workflow, Version: e.Version, Status: e.Status, ResumeCount: e.ResumeCount,
+			Error: e.Error, CreatedAt: e.CreatedAt, UpdatedAt: derefTime(e.EndedAt)}, true, nil
 	}
-	return out, nil
+	ent, err := c.store.Checkpoints.Get(ctx, e.Job)
+	switch {
+	case errors.Is(err, schemas.ErrNotFound):
+		return JobSummary{}, false, nil
+	case errors.Is(err, schemas.ErrQuarantined):
+		return JobSummary{ID: e.Job, Workflow: e.Workflow, Version: e.Version, Status: schemas.JobQuarantined, Error: schemas.AsError(err),
+			CreatedAt: e.CreatedAt}, true, nil
+	case err != nil:
+		return JobSummary{}, false, err
+	}
+	return summarize(ent.Checkpoint), true, nil
+}
+
+func derefTime(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
 }
 
 // History returns job id's history events in the order they happened:
@@ -370,7 +464,7 @@ func (c *Client) Wait(ctx context.Context, id string, onEvent func(schemas.Histo
 // (stopAtEnd) the stream has no more.
 func (c *Client) follow(ctx context.Context, id string, fn func(schemas.HistoryEvent, uint64) bool, stopAtEnd bool) error {
 	cons, err := c.store.JS.OrderedConsumer(ctx, c.store.Names.HistoryStream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{c.store.Names.HistorySubject(id)},
+		FilterSubjects: c.store.Names.HistoryFilters(id),
 	})
 	if err != nil {
 		return fmt.Errorf("follow history of %s: %w", id, err)
@@ -481,21 +575,41 @@ func (c *Client) Effect(ctx context.Context, key string) (*schemas.EffectRecord,
 }
 
 // ErrNotAmbiguous is returned by ResolveEffect for an effect that is not
-// waiting for a decision.
-var ErrNotAmbiguous = errors.New("effect is not ambiguous")
+// waiting for a decision; it is schemas.ErrNotAmbiguous.
+var ErrNotAmbiguous = schemas.ErrNotAmbiguous
+
+// ErrNothingToResume is returned by ResolveEffect when no job waits on the
+// effect: every job that used it has ended or is gone, so a decision would
+// move nothing. Nothing is recorded.
+var ErrNothingToResume = errors.New("no job waits on this effect")
+
+// Resolution says what ResolveEffect did: the reconciled record (its
+// fields, in JSON too) and the jobs it moves on.
+type Resolution struct {
+	*schemas.EffectRecord
+	// Resumed lists the jobs told to go on: each was waiting on the effect
+	// (needs_reconciliation), or is running and will find the decision
+	// when its current attempt reports. Empty when the same decision is
+	// given again after its jobs went on.
+	Resumed []string `json:"resumed"`
+}
 
 // ResolveEffect settles an ambiguous effect with a person's decision: the
 // record becomes reconciled (happened, with its result and external id, or
 // did not happen), who and when are recorded, the decision is appended to
-// the job's history, and the job waiting on it resumes: its step gets a new
-// attempt that returns the recorded result (happened) or performs the
-// action (did not happen). The write is a compare-and-swap: two people
-// resolving at once cannot both win. Errors: schemas.ErrNotFound;
-// ErrNotAmbiguous; schemas.ErrInputInvalid for a result that is not JSON
-// or details given with "did not happen"; schemas.ErrConflict when someone
-// else resolved it meanwhile, or resolved it the other way already. The
-// same decision given again is not an error: it is announced again.
-func (c *Client) ResolveEffect(ctx context.Context, key string, r schemas.EffectResolution) (*schemas.EffectRecord, error) {
+// the history of every job that uses the effect, and each of them that
+// waits on it goes on: its step gets a new attempt that returns the
+// recorded result (happened) or performs the action again under the same
+// idempotency key (did not happen). A decision that would move no job (all
+// that used the effect ended) is refused with ErrNothingToResume, and one
+// for an effect that is not ambiguous with ErrNotAmbiguous, saying where
+// it stands. The write is a compare-and-swap: two people resolving at once
+// cannot both win. Errors also: schemas.ErrNotFound; schemas.ErrInputInvalid
+// for a result that is not JSON or details given with "did not happen";
+// schemas.ErrConflict when someone else resolved it meanwhile, or resolved
+// it the other way already. The same decision given again is not an error:
+// it is announced again.
+func (c *Client) ResolveEffect(ctx context.Context, key string, r schemas.EffectResolution) (*Resolution, error) {
 	if r.By == "" {
 		return nil, schemas.Errorf(schemas.CodeInputInvalid, "resolve effect %s: say who decides (by)", key)
 	}
@@ -516,12 +630,23 @@ func (c *Client) ResolveEffect(ctx context.Context, key string, r schemas.Effect
 			return nil, fmt.Errorf("resolve effect %s: %s already decided it %s: %w", key, rec.ReconciledBy,
 				map[bool]string{true: "happened", false: "did not happen"}[*rec.Happened], schemas.ErrConflict)
 		}
-		// Decided already, the same way: tell the job again (dedup ids make
+		// Decided already, the same way: tell the jobs again (dedup ids make
 		// it harmless), which also finishes a resolution whose signal was lost.
-		return &rec, c.announceResolution(ctx, &rec, ent.Revision, now)
+		resumed, _, err := c.waiting(ctx, &rec)
+		if err != nil {
+			return nil, err
+		}
+		return &Resolution{EffectRecord: &rec, Resumed: resumed}, c.announceResolution(ctx, &rec, ent.Revision, now, resumed)
 	}
 	if rec.State != schemas.EffectAmbiguous {
-		return nil, fmt.Errorf("resolve effect %s: it is %s: %w", key, rec.State, ErrNotAmbiguous)
+		return nil, fmt.Errorf("resolve effect %s: it is %s, not ambiguous: %s: %w", key, rec.State, stateAdvice(rec.State), ErrNotAmbiguous)
+	}
+	resumed, why, err := c.waiting(ctx, &rec)
+	if err != nil {
+		return nil, err
+	}
+	if len(resumed) == 0 {
+		return nil, fmt.Errorf("resolve effect %s: %s; a decision would move nothing, so none is recorded: %w", key, why, ErrNothingToResume)
 	}
 	happened := r.Happened
 	rec.State, rec.Happened, rec.ReconciledBy, rec.Note = schemas.EffectReconciled, &happened, r.By, r.Note
@@ -538,26 +663,77 @@ func (c *Client) ResolveEffect(ctx context.Context, key string, r schemas.Effect
 	if err != nil {
 		return nil, fmt.Errorf("resolve effect %s: %w", key, err)
 	}
-	return &rec, c.announceResolution(ctx, &rec, rev, now)
+	return &Resolution{EffectRecord: &rec, Resumed: resumed}, c.announceResolution(ctx, &rec, rev, now, resumed)
 }
 
-// announceResolution appends a resolution to the job's history and tells
-// the job.
-func (c *Client) announceResolution(ctx context.Context, rec *schemas.EffectRecord, rev uint64, now time.Time) error {
-	key := rec.Key
-	ev := nats.NewMsg(c.store.Names.HistorySubject(rec.Job))
-	ev.Data = schemas.AppendEffectEvent(nil, "/waymark/client", schemas.EventEffectReconciled, rec, rev, now)
-	ev.Header.Set(jetstream.MsgIDHeader, rec.Job+"/effect/"+strconv.FormatUint(rev, 10)+"/reconciled")
-	ev.Header.Set("Content-Type", schemas.HistoryContentType)
-	if _, err := c.store.JS.PublishMsg(ctx, ev); err != nil {
-		return fmt.Errorf("resolve effect %s: recorded; appending it to history failed, run the command again: %w", key, err)
+func stateAdvice(s schemas.EffectState) string {
+	switch s {
+	case schemas.EffectPrepared:
+		return "no call was made yet"
+	case schemas.EffectDispatched:
+		return "its step is still trying (same idempotency key); if the job stops in needs_reconciliation the effect becomes ambiguous and can be resolved"
+	case schemas.EffectConfirmed:
+		return "the provider's answer is recorded"
 	}
-	sig, _ := json.Marshal(schemas.Signal{Job: rec.Job, Type: schemas.SignalEffectResolved, Key: key, By: rec.ReconciledBy})
-	m := nats.NewMsg(c.store.Names.InboxSubject(kv.InboxSignal, rec.Job))
-	m.Data = sig
-	m.Header.Set(jetstream.MsgIDHeader, rec.Job+"/resolve/"+strconv.FormatUint(rev, 10))
-	if _, err := c.store.JS.PublishMsg(ctx, m); err != nil {
-		return fmt.Errorf("resolve effect %s: recorded, but the job was not told; run the command again: %w", key, err)
+	return "nothing to decide"
+}
+
+// waiting lists the jobs using rec (its creator and the jobs sharing it)
+// that a decision moves on: those waiting on it, and those running with
+// it as their current effect. why says, when none does, where they stand.
+func (c *Client) waiting(ctx context.Context, rec *schemas.EffectRecord) (jobs []string, why string, err error) {
+	var states []string
+	for _, job := range append([]string{rec.Job}, rec.SharedBy...) {
+		ent, err := c.store.Checkpoints.Get(ctx, job)
+		switch {
+		case errors.Is(err, schemas.ErrNotFound):
+			states = append(states, "job "+job+" no longer exists")
+			continue
+		case err != nil:
+			return nil, "", fmt.Errorf("resolve effect %s: read job %s: %w", rec.Key, job, err)
+		}
+		cp := ent.Checkpoint
+		status := cp.Status
+		if status == schemas.JobBlocked {
+			status = cp.BlockedFrom
+		}
+		switch {
+		case status == schemas.JobNeedsReconciliation && cp.Blocked != nil && cp.Blocked.EffectKey == rec.Key:
+			jobs = append(jobs, job)
+		case status == schemas.JobRunning && cp.Current != nil && cp.Current.EffectKey == rec.Key:
+			jobs = append(jobs, job)
+		default:
+			desc := string(cp.Status)
+			if cp.Error != nil {
+				desc += " (" + cp.Error.Message + ")"
+			}
+			states = append(states, "job "+job+" is "+desc)
+		}
+	}
+	return jobs, strings.Join(states, "; "), nil
+}
+
+// announceResolution appends a resolution to the history of each job and
+// tells them.
+func (c *Client) announceResolution(ctx context.Context, rec *schemas.EffectRecord, rev uint64, now time.Time, jobs []string) error {
+	key := rec.Key
+	for _, job := range jobs {
+		r := *rec
+		r.Job = job
+		ev := nats.NewMsg(c.store.Names.EffectHistorySubject(job))
+		ev.Data = schemas.AppendEffectEvent(nil, "/waymark/client", schemas.EventEffectReconciled, &r, rev, now)
+		ev.Header.Set(jetstream.MsgIDHeader, job+"/effect/"+strconv.FormatUint(rev, 10)+"/reconciled")
+		ev.Header.Set("Content-Type", schemas.HistoryContentType)
+		if _, err := c.store.JS.PublishMsg(ctx, ev); err != nil {
+			return fmt.Errorf("resolve effect %s: recorded; appending it to the history of job %s failed, run the command again: %w", key, job, err)
+		}
+		sig, _ := json.Marshal(schemas.Signal{Job: job, Type: schemas.SignalEffectResolved, Key: key, By: rec.ReconciledBy})
+		m := nats.NewMsg(c.store.Names.InboxSubject(kv.InboxSignal, job))
+		m.Data = sig
+		m.Header.Set(jetstream.MsgIDHeader, job+"/resolve/"+strconv.FormatUint(rev, 10))
+		if _, err := c.store.JS.PublishMsg(ctx, m); err != nil {
+			return fmt.Errorf("resolve effect %s: recorded, but job %s was not told; run the command again: %w", key, job, err)
+		}
 	}
 	return nil
 }

@@ -20,7 +20,8 @@ type JobView struct {
 	Seq            uint64            `json:"seq"`
 	Steps          []StepView        `json:"steps"`
 	Current        *schemas.Dispatch `json:"current,omitempty"`
-	Blocked        *schemas.Blocked  `json:"blocked,omitempty"` // the effect a job needing reconciliation waits on
+	Blocked        *schemas.Blocked  `json:"blocked,omitempty"`        // the effect a job needing reconciliation waits on
+	BlockedReason  string            `json:"blocked_reason,omitempty"` // why a blocked job cannot go on
 	State          json.RawMessage   `json:"state"`
 	Vars           map[string]string `json:"vars,omitempty"`
 	Error          *schemas.Error    `json:"error,omitempty"`
@@ -51,6 +52,7 @@ type JobSummary struct {
 	ResumeCount int               `json:"resume_count"`
 	CurrentStep string            `json:"current_step,omitempty"`
 	Error       *schemas.Error    `json:"error,omitempty"`
+	CreatedAt   time.Time         `json:"created_at"`
 	UpdatedAt   time.Time         `json:"updated_at"`
 }
 
@@ -59,7 +61,7 @@ type JobSummary struct {
 func NewJobView(cp *schemas.Checkpoint, def *schemas.Definition) *JobView {
 	v := &JobView{
 		ID: cp.JobID, Workflow: cp.Workflow, Version: cp.Version, DefinitionHash: cp.DefinitionHash,
-		Status: cp.Status, ResumeCount: cp.ResumeCount, Seq: cp.Seq, Current: cp.Current, Blocked: cp.Blocked,
+		Status: cp.Status, ResumeCount: cp.ResumeCount, Seq: cp.Seq, Current: cp.Current, Blocked: cp.Blocked, BlockedReason: cp.BlockedReason,
 		State: cp.State, Vars: cp.Vars, Error: cp.Error, Parent: cp.Parent,
 		CreatedAt: cp.CreatedAt, UpdatedAt: cp.UpdatedAt, CompletedAt: cp.CompletedAt,
 		Steps: []StepView{},
@@ -94,7 +96,7 @@ func NewJobView(cp *schemas.Checkpoint, def *schemas.Definition) *JobView {
 
 func summarize(cp *schemas.Checkpoint) JobSummary {
 	s := JobSummary{ID: cp.JobID, Workflow: cp.Workflow, Version: cp.Version, Status: cp.Status,
-		ResumeCount: cp.ResumeCount, Error: cp.Error, UpdatedAt: cp.UpdatedAt}
+		ResumeCount: cp.ResumeCount, Error: cp.Error, CreatedAt: cp.CreatedAt, UpdatedAt: cp.UpdatedAt}
 	if cp.Current != nil {
 		s.CurrentStep = cp.Current.Step
 	}

@@ -154,7 +154,7 @@ func RunScale(ctx context.Context, cfg ScaleConfig) (*ScaleResult, error) {
 		}
 		started = n
 		if err := waitFor(ctx, 5*time.Minute, func() (bool, error) {
-			q, err := subjectCount(ctx, store, store.Names.WorkStream, store.Names.WorkSubject("slow"))
+			q, err := subjectCount(ctx, store, store.Names.WorkStream, store.Names.WorkSubject("slow", "*"))
 			return q >= uint64(n), err
 		}); err != nil {
 			return nil, fmt.Errorf("bench scale: waiting for %d jobs to be dispatched: %w", n, err)

@@ -478,7 +478,8 @@ func TestBadEnvironmentIsAUsageError(t *testing.T) {
 		{"WAYMARK_REPLICAS", "2", []string{"effects", "list"}, `WAYMARK_REPLICAS="2": kv config: replicas 2`},
 		{"WAYMARK_REPLICAS", "two", []string{"status", "j"}, `WAYMARK_REPLICAS="two": strconv.Atoi`},
 		{"WAYMARK_INBOX_ACK_WAIT", "-1s", []string{"list"}, `WAYMARK_INBOX_ACK_WAIT="-1s": kv config: inbox ack wait -1s`},
-		{"WAYMARK_EFFECT_RETENTION", "-1h", []string{"start", quickstart, "--input", input}, `WAYMARK_EFFECT_RETENTION="-1h": kv config: effect retention -1h0m0s`},
+		{"WAYMARK_JOB_RETENTION", "-1h", []string{"start", quickstart, "--input", input}, `WAYMARK_JOB_RETENTION="-1h": want a positive duration, or 0 to keep finished jobs forever`},
+		{"WAYMARK_EFFECT_RETENTION", "720h", []string{"list"}, `WAYMARK_EFFECT_RETENTION="720h": renamed`},
 		{"WAYMARK_HISTORY_MAX_AGE", "-1h", []string{"history", "j"}, `WAYMARK_HISTORY_MAX_AGE="-1h"`},
 		{"WAYMARK_DUPLICATES", "10ms", []string{"list"}, `WAYMARK_DUPLICATES="10ms"`},
 		{"WAYMARK_WORK_MAX_DELIVER", "1", []string{"list"}, `WAYMARK_WORK_MAX_DELIVER="1"`},
@@ -515,10 +516,10 @@ func TestBadEnvironmentIsAUsageError(t *testing.T) {
 	if code != 2 || !strings.Contains(errOut, `--sync "sometimes": want`) {
 		t.Errorf("exit %d stderr %q, want the --sync flag named alone", code, errOut)
 	}
-	// A zero duration means the default.
-	t.Setenv("WAYMARK_EFFECT_RETENTION", "0s")
+	// Zero keeps finished jobs forever.
+	t.Setenv("WAYMARK_JOB_RETENTION", "0s")
 	if _, errOut, code := execute(t, "list", "--nats-url", unreachable); code != 1 || !strings.Contains(errOut, "connect to NATS") {
-		t.Errorf("WAYMARK_EFFECT_RETENTION=0s: exit %d stderr %q, want it accepted (then no server)", code, errOut)
+		t.Errorf("WAYMARK_JOB_RETENTION=0s: exit %d stderr %q, want it accepted (then no server)", code, errOut)
 	}
 }
 

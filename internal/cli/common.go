@@ -134,7 +134,17 @@ var kvEnv = []struct {
 	{"WAYMARK_REPLICAS", func(c *kv.Config, v string) (err error) { c.Replicas, err = strconv.Atoi(v); return }},
 	{"WAYMARK_HISTORY_MAX_AGE", func(c *kv.Config, v string) (err error) { c.HistoryMaxAge, err = time.ParseDuration(v); return }},
 	{"WAYMARK_QUEUE_STORAGE", func(c *kv.Config, v string) error { c.QueueStorage = v; return nil }},
-	{"WAYMARK_EFFECT_RETENTION", func(c *kv.Config, v string) (err error) { c.EffectRetention, err = time.ParseDuration(v); return }},
+	{"WAYMARK_JOB_RETENTION", func(c *kv.Config, v string) (err error) {
+		if c.JobRetention, err = time.ParseDuration(v); err == nil && c.JobRetention == 0 {
+			c.JobRetention = -1 // 0 keeps finished jobs forever
+		} else if err == nil && c.JobRetention < 0 {
+			err = fmt.Errorf("want a positive duration, or 0 to keep finished jobs forever")
+		}
+		return
+	}},
+	{"WAYMARK_EFFECT_RETENTION", func(c *kv.Config, v string) error {
+		return fmt.Errorf("renamed: effect records are now removed with their job; set WAYMARK_JOB_RETENTION")
+	}},
 }
 
 // kvConfigFromEnv applies the WAYMARK_* layout variables to cfg. A value

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/user"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -97,21 +98,29 @@ ledger and the job's history, and the job waiting on the effect resumes.`,
 				res.By = whoami()
 			}
 			return g.withClient(cmd.Context(), func(c *client.Client, _ *kv.Store) error {
-				rec, err := c.ResolveEffect(cmd.Context(), args[0], res)
+				got, err := c.ResolveEffect(cmd.Context(), args[0], res)
 				switch {
-				case errors.Is(err, schemas.ErrNotFound), errors.Is(err, client.ErrNotAmbiguous), errors.Is(err, schemas.ErrInputInvalid):
+				case errors.Is(err, schemas.ErrNotFound), errors.Is(err, client.ErrNotAmbiguous), errors.Is(err, schemas.ErrInputInvalid),
+					errors.Is(err, client.ErrNothingToResume):
 					return &ExitError{Code: 2, Err: err}
 				case err != nil:
 					return err
 				}
 				if output == "json" {
-					return printJSON(g.stdout, rec)
+					return printJSON(g.stdout, got)
 				}
-				what := "did not happen; the step will perform it"
+				what := "did not happen; the step will perform it again under the same idempotency key"
 				if happened {
 					what = "happened; its result becomes the step's output"
 				}
-				fmt.Fprintf(g.stdout, "effect %s reconciled by %s: %s. Job %s resumes.\n", rec.Key, rec.ReconciledBy, what, rec.Job)
+				switch len(got.Resumed) {
+				case 0:
+					fmt.Fprintf(g.stdout, "effect %s was already reconciled by %s: %s. No job waits on it now.\n", got.Key, got.ReconciledBy, what)
+				case 1:
+					fmt.Fprintf(g.stdout, "effect %s reconciled by %s: %s. Job %s resumes.\n", got.Key, got.ReconciledBy, what, got.Resumed[0])
+				default:
+					fmt.Fprintf(g.stdout, "effect %s reconciled by %s: %s. Jobs %s resume.\n", got.Key, got.ReconciledBy, what, strings.Join(got.Resumed, ", "))
+				}
 				return nil
 			})
 		},

@@ -157,49 +157,60 @@ func printView(w io.Writer, v *client.JobView) {
 }
 
 func newListCmd(g *globals) *cobra.Command {
-	var output, status, workflow string
+	var output, status, workflow, after string
 	var limit int
 	cmd := &cobra.Command{
-		Use:   "list",
-		Short: "List jobs, most recently updated first",
-		Args:  noArgs,
+		Use:   "list [--status S] [--workflow W] [--limit N] [--after CURSOR]",
+		Short: "List jobs, newest first, a page at a time",
+		Long: `List jobs, newest first: jobs still running (or waiting) in the order they were
+created, finished jobs in the order they finished. Each page ends with the cursor
+of the next one (--after); it reads the job index, not every checkpoint.`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(output); err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
 			switch schemas.JobStatus(status) {
-			case "", schemas.JobRunning, schemas.JobCompleted, schemas.JobFailed, schemas.JobNeedsReconciliation, schemas.JobQuarantined:
+			case "", schemas.JobPending, schemas.JobRunning, schemas.JobCompleted, schemas.JobFailed, schemas.JobNeedsReconciliation,
+				schemas.JobBlocked, schemas.JobQuarantined:
 			default:
-				return &ExitError{Code: 2, Err: fmt.Errorf("--status %q: want running, completed, failed, needs_reconciliation or quarantined", status)}
+				return &ExitError{Code: 2, Err: fmt.Errorf("--status %q: want pending, running, completed, failed, needs_reconciliation, blocked or quarantined", status)}
 			}
-			if limit < 1 {
-				return &ExitError{Code: 2, Err: fmt.Errorf("--limit %d: want 1 or more", limit)}
+			if limit < 1 || limit > 10000 {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--limit %d: want 1..10000", limit)}
 			}
 			return g.withClient(cmd.Context(), func(c *client.Client, _ *kv.Store) error {
-				jobs, err := c.List(cmd.Context(), client.ListFilter{Status: schemas.JobStatus(status), Workflow: workflow, Limit: limit})
+				page, err := c.List(cmd.Context(), client.ListFilter{Status: schemas.JobStatus(status), Workflow: workflow, Limit: limit, After: after})
+				if errors.Is(err, schemas.ErrInputInvalid) {
+					return &ExitError{Code: 2, Err: fmt.Errorf("--after: %w", err)}
+				}
 				if err != nil {
 					return err
 				}
 				if output == "json" {
-					if jobs == nil {
-						jobs = []client.JobSummary{}
-					}
-					return printJSON(g.stdout, map[string]any{"jobs": jobs})
+					return printJSON(g.stdout, page)
 				}
 				tw := tabwriter.NewWriter(g.stdout, 2, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "JOB\tWORKFLOW\tSTATUS\tSTEP\tRESUMES\tUPDATED")
-				for _, j := range jobs {
+				for _, j := range page.Jobs {
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", j.ID, j.Workflow, j.Status, j.CurrentStep, j.ResumeCount, j.UpdatedAt.Format(time.RFC3339))
 				}
-				return tw.Flush()
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+				if page.Cursor != "" {
+					fmt.Fprintf(g.stdout, "more: --after %s\n", page.Cursor)
+				}
+				return nil
 			})
 		},
 	}
 	fl := cmd.Flags()
 	fl.StringVarP(&output, "output", "o", "text", "text or json")
-	fl.StringVar(&status, "status", "", "only jobs with this status (running, completed, failed)")
+	fl.StringVar(&status, "status", "", "only jobs with this status (pending, running, completed, failed, needs_reconciliation, blocked, quarantined)")
 	fl.StringVar(&workflow, "workflow", "", "only jobs of this workflow")
-	fl.IntVar(&limit, "limit", 100, "at most this many")
+	fl.IntVar(&limit, "limit", 100, "jobs per page (1..10000)")
+	fl.StringVar(&after, "after", "", "continue a listing: the cursor the previous page printed")
 	return cmd
 }
 

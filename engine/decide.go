@@ -1,0 +1,304 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/waymark-dev/waymark/internal/failpoint"
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// decide applies p's messages to its base checkpoint and fills p with
+// what to write and publish. It returns true when a message looked stale
+// against a cached checkpoint: the caller reloads and decides again, since
+// the cache may be behind another engine. It does no I/O but reading the
+// definition.
+func (e *Engine) decide(ctx context.Context, p *plan) (redo bool) {
+	now := e.cfg.Now()
+	var cp *schemas.Checkpoint
+	if p.base != nil {
+		cp = cloneCheckpoint(p.base.cp)
+		cp.Events = nil // the next checkpoint carries only its own events
+	}
+	var evs []event
+	changed, republish := false, false
+	cause := ""
+	// needDef loads the pinned definition. A job whose definition cannot
+	// be loaded is blocked (once) and its messages kept until it can.
+	needDef := func(hash string) bool {
+		err := e.definition(ctx, p, hash)
+		if err == nil {
+			p.err = nil
+			if cp != nil && cp.Status == schemas.JobBlocked && cp.BlockedFrom != "" {
+				evs = append(evs, unblockJob(cp))
+				changed, cause = true, p.base.cp.Cause
+			}
+			return true
+		}
+		var missing *definitionMissing
+		if !errors.As(err, &missing) {
+			return false // a passing fault: p.err hands the messages back
+		}
+		p.err = nil
+		p.keep, p.keepDelay = true, min(30*time.Second, e.store.Config.InboxAckWait)
+		if cp != nil && cp.Status != schemas.JobBlocked && !cp.Status.Terminal() {
+			evs = append(evs, blockJob(cp, missing.Error()))
+			changed, cause = true, p.base.cp.Cause
+			p.tally.definitionBlocked++
+		}
+		if e.quiet.allow("definition/"+p.job, now) {
+			e.log.Warn("job blocked: its definition cannot be loaded; its messages are kept until the definition is stored again", "job", p.job, "err", missing)
+		}
+		return false
+	}
+	// A redelivered inbox message means its first handler died or stalled
+	// past the ack wait; a redelivered step message, the same of a worker.
+	// Either makes this transition a recovery: one resume per plan.
+	recovered, workerRecovered := "", false
+items:
+	for _, it := range p.items {
+		if it.done {
+			continue
+		}
+		if it.delivered > 1 && recovered == "" {
+			recovered = "an inbox message was delivered again: an engine died or stalled before finishing it"
+		}
+		// The message that produced the checkpoint, seen again: its first
+		// handler died (or stalled) after writing, maybe before publishing.
+		// The delivery count cannot tell, since a server that crashed too
+		// may have forgotten the first delivery; the dedup id can.
+		// A client-created job's pending checkpoint names its start request
+		// as its cause, before any engine handled it.
+		pendingStart := it.start != nil && p.base != nil && (p.base.cp.Status == schemas.JobPending ||
+			(p.base.cp.Status == schemas.JobBlocked && p.base.cp.BlockedFrom == schemas.JobPending))
+		isCause := p.base != nil && it.msgID == p.base.cp.Cause && !pendingStart
+		if isCause && p.conflicted {
+			it.handBack = true
+			continue
+		}
+		if isCause {
+			if changed {
+				p.tally.stale++ // a copy of a message already applied
+				continue
+			}
+			if !p.fresh {
+				return true
+			}
+			republish = true
+			continue
+		}
+		switch {
+		case it.start != nil:
+			if cp == nil {
+				if !needDef(it.start.DefinitionHash) {
+					return false // no checkpoint to block: the start stays in the inbox, or a passing fault
+				}
+				c, startEvs, err := newJob(p.def, it.start, it.msgID, now)
+				if err != nil {
+					p.tally.rejected++
+					e.log.Warn("rejected job start", "job", it.job, "err", err)
+					_ = it.msg.TermWithReason(err.Error())
+					it.done = true
+					continue
+				}
+				cp, evs, changed, cause = c, startEvs, true, it.msgID
+				p.tally.started++
+				continue
+			}
+			if cp.Status == schemas.JobPending || (cp.Status == schemas.JobBlocked && cp.BlockedFrom == schemas.JobPending) {
+				// Created by its client: start it.
+				if !needDef(cp.DefinitionHash) {
+					if p.err != nil {
+						return false
+					}
+					break items
+				}
+				evs = append(evs, startJob(p.def, cp, now)...)
+				changed, cause = true, it.msgID
+				p.tally.started++
+				continue
+			}
+			if !p.fresh {
+				return true
+			}
+			// A late duplicate of a start already handled.
+		case it.result != nil:
+			e.fp.InjectStep(ctx, failpoint.EngineAfterResultReceived, it.result.Step)
+			if cp == nil {
+				p.tally.stale++
+				e.log.Warn("dropping result for unknown job", "job", it.job, "step", it.result.Step, "attempt", it.result.Attempt)
+				continue
+			}
+			if !resultMayApply(cp, it.result) {
+				if !p.fresh && !changed {
+					return true
+				}
+				p.tally.stale++
+				e.log.Debug("dropping stale result", "job", it.job, "step", it.result.Step, "attempt", it.result.Attempt)
+				continue
+			}
+			if !needDef(cp.DefinitionHash) {
+				if p.err != nil {
+					return false
+				}
+				break items
+			}
+			if err := checkConsistent(p.def, cp); err != nil {
+				p.err = err
+				return false
+			}
+			out, resEvs := applyResult(p.def, cp, it.result, now)
+			if out == outcomeStale {
+				p.tally.stale++
+				continue
+			}
+			if it.result.Redelivered {
+				recovered = "the step message was delivered again: a worker died or stalled past its lease"
+				workerRecovered = true
+			}
+			p.tally.applied++
+			if cp.Status == schemas.JobNeedsReconciliation && cp.Blocked != nil {
+				p.tally.blocked++
+				// The ledger must say the outcome is unknown, for a person to
+				// decide (a record already ambiguous is left as it is).
+				p.markAmbiguous = cp.Blocked.EffectKey
+			}
+			evs = append(evs, resEvs...)
+			changed, cause = true, it.msgID
+		case it.signal != nil:
+			if cp == nil {
+				p.tally.stale++
+				continue
+			}
+			if !signalMayApply(cp, it.signal) {
+				if !p.fresh && !changed {
+					return true
+				}
+				p.tally.stale++
+				e.log.Info("ignoring signal the job is not waiting for", "job", it.job, "type", it.signal.Type, "key", it.signal.Key)
+				continue
+			}
+			if !needDef(cp.DefinitionHash) {
+				if p.err != nil {
+					return false
+				}
+				break items
+			}
+			_, sigEvs := applySignal(p.def, cp, it.signal, now)
+			p.tally.unblocked++
+			evs = append(evs, sigEvs...)
+			changed, cause = true, it.msgID
+		}
+	}
+	if recovered == "" && republish && !changed {
+		recovered = "the inbox message that produced the last checkpoint came again: an engine died or stalled before finishing it"
+	}
+	if recovered == "" && e.cfg.SoleEngine && changed && p.base != nil && p.base.cp.Writer != "" && p.base.cp.Writer != e.incarnation && !p.base.cp.Status.Terminal() {
+		recovered = "a new engine process took the job over from its checkpoint"
+	}
+	// One crash can leave several of a job's messages to be delivered
+	// again; the engine that picks them up counts one resume for them all.
+	if recovered != "" && cp != nil && (workerRecovered || cp.ResumedBy != e.incarnation) {
+		cp.ResumeCount++
+		if !workerRecovered {
+			cp.ResumedBy = e.incarnation
+		}
+		p.tally.resumes++
+		evs = append([]event{{typ: schemas.EventJobResumed, data: schemas.HistoryData{Job: cp.JobID, Reason: recovered}}}, evs...)
+		if !changed {
+			changed, cause = true, p.base.cp.Cause
+		}
+	}
+	if republish {
+		p.tally.republished++
+		p.republish = !changed
+		// The recorded dispatch is published again under its id; the
+		// worker's fencing and the ledger make a second copy harmless.
+		p.dispatch = p.base.cp.Current != nil
+	}
+	if !changed {
+		return false
+	}
+	if p.base != nil {
+		cp.Seq = p.base.cp.Seq + 1
+	}
+	cp.UpdatedAt = now
+	cp.Cause = cause
+	cp.Writer = e.incarnation
+	cp.Events = stamp(evs, cp.Seq, now)
+	p.next = cp
+	p.republish = false
+	p.dispatch = cp.Current != nil && (republish || p.base == nil || p.base.cp.Current == nil || p.base.cp.Current.MsgID != cp.Current.MsgID)
+	switch cp.Status {
+	case schemas.JobCompleted:
+		p.tally.completed++
+	case schemas.JobFailed:
+		p.tally.failed++
+	}
+	return false
+}
+
+// resultMayApply reports whether res matches cp's current dispatch (step
+// and attempt), the only result that may be applied (DESIGN.md invariant
+// 3). A job blocked on its definition keeps its current dispatch.
+func resultMayApply(cp *schemas.Checkpoint, res *schemas.StepResult) bool {
+	cur := cp.Current
+	running := cp.Status == schemas.JobRunning || (cp.Status == schemas.JobBlocked && cp.BlockedFrom == schemas.JobRunning)
+	return running && cur != nil && cur.Step == res.Step && cur.Attempt == res.Attempt
+}
+
+// signalMayApply reports whether sig is a decision the job waits for.
+func signalMayApply(cp *schemas.Checkpoint, sig *schemas.Signal) bool {
+	status := cp.Status
+	if status == schemas.JobBlocked {
+		status = cp.BlockedFrom
+	}
+	return sig.Type == schemas.SignalEffectResolved && status == schemas.JobNeedsReconciliation && cp.Blocked != nil && cp.Blocked.EffectKey == sig.Key
+}
+
+// checkConsistent refuses a checkpoint that decodes but cannot have been
+// written by an engine: a current dispatch of a step the definition does
+// not have, or without the step's record. Such a job is quarantined: it is
+// never resumed from, and never silently replaced.
+func checkConsistent(c *compiled, cp *schemas.Checkpoint) error {
+	if cur := cp.Current; cur != nil {
+		if c.def.StepIndex(cur.Step) < 0 {
+			return schemas.Errorf(schemas.CodeQuarantined, "checkpoint %s: its current dispatch is of step %q, which definition %s does not have", cp.JobID, cur.Step, short(cp.DefinitionHash))
+		}
+		rec := cp.Steps[cur.Step]
+		if rec == nil {
+			return schemas.Errorf(schemas.CodeQuarantined, "checkpoint %s: its current dispatch of step %q has no step record", cp.JobID, cur.Step)
+		}
+		if cur.Attempt > rec.Attempts {
+			return schemas.Errorf(schemas.CodeQuarantined, "checkpoint %s: current attempt %d of step %q is beyond the %d recorded", cp.JobID, cur.Attempt, cur.Step, rec.Attempts)
+		}
+	}
+	if cp.Status == schemas.JobNeedsReconciliation && cp.Blocked == nil {
+		return schemas.Errorf(schemas.CodeQuarantined, "checkpoint %s needs reconciliation but names no effect", cp.JobID)
+	}
+	return nil
+}
+
+func short(hash string) string {
+	if len(hash) > 12 {
+		return hash[:12]
+	}
+	return hash
+}
+
+// blockJob blocks cp: the engine cannot go on (reason says why); it keeps
+// everything else and goes back to its status once unblocked.
+func blockJob(cp *schemas.Checkpoint, reason string) event {
+	cp.BlockedFrom, cp.BlockedReason = cp.Status, reason
+	cp.Status = schemas.JobBlocked
+	return event{typ: schemas.EventJobBlocked, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status), Reason: reason}}
+}
+
+// unblockJob undoes blockJob.
+func unblockJob(cp *schemas.Checkpoint) event {
+	reason := cp.BlockedReason
+	cp.Status, cp.BlockedFrom, cp.BlockedReason = cp.BlockedFrom, "", ""
+	return event{typ: schemas.EventJobUnblocked, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status),
+		Reason: "resolved: " + reason}}
+}

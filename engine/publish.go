@@ -1,0 +1,353 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/waymark-dev/waymark/internal/failpoint"
+	"github.com/waymark-dev/waymark/kv"
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// settlement is a batch whose publications are in flight.
+type settlement struct {
+	plans    []*plan
+	inflight map[*plan][]jetstream.PubAckFuture
+}
+
+// startPublish sends each written plan's history events and dispatch, all
+// in flight at once, with dedup ids so that publishing again after a crash
+// adds nothing.
+func (e *Engine) startPublish(ctx context.Context, ps []*plan) *settlement {
+	st := &settlement{plans: ps, inflight: map[*plan][]jetstream.PubAckFuture{}}
+	for _, p := range ps {
+		cp := p.written()
+		if p.err != nil || cp == nil {
+			continue
+		}
+		evs := cp.Events
+		if p.republish {
+			p.entry = p.base
+			if p.base.knownPublished() {
+				evs = nil
+			}
+		}
+		fs, err := e.publishEvents(cp, evs)
+		if err != nil {
+			p.err = err
+			continue
+		}
+		if p.dispatch && p.republish {
+			// Publish the recorded dispatch again only when the stream says
+			// its message is neither queued nor answered: past the duplicate
+			// window, a copy would be a second message.
+			need, err := e.dispatchMissing(ctx, cp)
+			if err != nil {
+				p.err = err
+				continue
+			}
+			p.dispatch = need
+		}
+		if p.dispatch {
+			m, err := e.stepMessage(cp)
+			if err == nil {
+				var f jetstream.PubAckFuture
+				if f, err = e.store.JS.PublishMsgAsync(m); err == nil {
+					fs = append(fs, f)
+				}
+			}
+			if err != nil {
+				p.err = fmt.Errorf("dispatch %s of job %s: %w", cp.Current.MsgID, cp.JobID, err)
+				continue
+			}
+		}
+		st.inflight[p] = fs
+	}
+	return st
+}
+
+// publishEvents publishes evs, events of cp's job, one message per
+// checkpoint sequence (a CloudEvents batch), with Nats-Msg-Id
+// "<msg prefix>/<seq>".
+func (e *Engine) publishEvents(cp *schemas.Checkpoint, evs []schemas.Event) ([]jetstream.PubAckFuture, error) {
+	job := cp.JobID
+	var fs []jetstream.PubAckFuture
+	for _, b := range historyMessages(job, cp.MsgPrefix(), evs) {
+		m := nats.NewMsg(e.store.Names.HistorySubject(job))
+		m.Data = b.body
+		m.Header.Set(jetstream.MsgIDHeader, b.id)
+		m.Header.Set(kv.HeaderSeq, strconv.FormatUint(b.seq, 10))
+		m.Header.Set("Content-Type", schemas.HistoryContentType)
+		f, err := e.store.JS.PublishMsgAsync(m)
+		if err != nil {
+			return nil, fmt.Errorf("publish history of job %s: %w", job, err)
+		}
+		fs = append(fs, f)
+	}
+	return fs, nil
+}
+
+// waitAll waits for every acknowledgement; the first error wins.
+func waitAll(ctx context.Context, fs []jetstream.PubAckFuture) error {
+	var first error
+	for _, f := range fs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			if first == nil {
+				first = err
+			}
+		case <-ctx.Done():
+			if first == nil {
+				first = fmt.Errorf("no acknowledgement: %w", ctx.Err())
+			}
+		}
+	}
+	return first
+}
+
+// finish waits for a settlement's acknowledgements, then does what must
+// follow a stored transition (index a finished job, mark an effect
+// ambiguous), then acknowledges or hands back the messages.
+func (e *Engine) finish(ctx context.Context, st *settlement) {
+	// Publications already sent are waited for even when the engine is
+	// stopping: their acknowledgements are on the way, and a clean stop
+	// should not leave its last batch for redelivery.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.PublishTimeout)
+	defer cancel()
+	var after []*plan
+	for _, p := range st.plans {
+		fs, sent := st.inflight[p]
+		c := p.entry
+		if !sent {
+			if c != nil {
+				c.doneFlushing()
+			}
+			continue
+		}
+		err := waitAll(wctx, fs)
+		if err != nil && p.err == nil {
+			p.err = fmt.Errorf("publish for job %s: %w", p.job, err)
+		}
+		if c != nil {
+			if p.err == nil {
+				c.published.Store(c.cp.Seq)
+			}
+			c.doneFlushing()
+		}
+		if p.err != nil {
+			continue
+		}
+		if p.dispatch {
+			e.ctr.dispatched.Add(1)
+		}
+		if cp := p.written(); cp.Status.Terminal() || p.markAmbiguous != "" {
+			after = append(after, p)
+		}
+	}
+	e.afterWrite(wctx, after)
+	for _, p := range st.plans {
+		e.fp.InjectStep(ctx, failpoint.EngineAfterDispatch, p.dispatchedStep())
+	}
+	e.settle(st.plans)
+}
+
+// afterWrite does, concurrently, what a plan's stored transition calls for
+// once its events are stored: a finished job's index entry moves to
+// ended; an effect whose outcome is unknown is marked ambiguous in the
+// ledger. A failure fails the plan: its messages come back and the step is
+// done again (each is idempotent).
+func (e *Engine) afterWrite(ctx context.Context, ps []*plan) {
+	if len(ps) == 0 {
+		return
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for _, p := range ps {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(p *plan) {
+			defer func() { <-sem; wg.Done() }()
+			cp := p.written()
+			if cp.Status.Terminal() {
+				if err := e.store.Jobs.End(ctx, cp, cp.IndexRev); err != nil {
+					p.err = fmt.Errorf("job %s finished: %w", p.job, err)
+					return
+				}
+			}
+			if p.markAmbiguous != "" {
+				if err := e.markAmbiguous(ctx, cp, p.markAmbiguous); err != nil {
+					p.err = err
+				}
+			}
+		}(p)
+	}
+	wg.Wait()
+}
+
+// markAmbiguous records in the ledger that the effect under key, whose
+// step failed for good while the call may have happened, has an unknown
+// outcome, so that it is listed and a person can resolve it. A record that
+// is settled meanwhile (a late answer confirmed it) tells the job at once
+// instead; one already ambiguous or reconciled is left as it is.
+func (e *Engine) markAmbiguous(ctx context.Context, cp *schemas.Checkpoint, key string) error {
+	for try := 0; try < 8; try++ {
+		ent, err := e.store.Effects.Get(ctx, key)
+		if errors.Is(err, schemas.ErrNotFound) {
+			return nil // no call was prepared: nothing can have happened
+		}
+		if err != nil {
+			return fmt.Errorf("job %s: read effect %s: %w", cp.JobID, key, err)
+		}
+		rec := *ent.Record
+		switch rec.State {
+		case schemas.EffectAmbiguous:
+			return e.addWaiter(ctx, cp, ent)
+		case schemas.EffectConfirmed, schemas.EffectReconciled:
+			return e.signalResolved(ctx, cp.JobID, key, ent.Revision, "the effect was settled after its step failed")
+		}
+		now := e.cfg.Now().UTC()
+		reason := "the step failed for good"
+		if cp.Blocked != nil && cp.Blocked.LastError != nil {
+			reason += " (" + cp.Blocked.LastError.Message + ")"
+		}
+		rec.State, rec.SettledAt, rec.UpdatedAt = schemas.EffectAmbiguous, now, now
+		rec.Reason = reason + " after the call was dispatched, and its outcome was never recorded"
+		if rec.Job != cp.JobID && !containsString(rec.SharedBy, cp.JobID) {
+			rec.SharedBy = append(rec.SharedBy, cp.JobID)
+		}
+		rev, err := e.store.Effects.Update(ctx, &rec, ent.Revision)
+		if errors.Is(err, schemas.ErrConflict) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("job %s: mark effect %s ambiguous: %w", cp.JobID, key, err)
+		}
+		e.ctr.markedAmbiguous.Add(1)
+		e.effectEvent(ctx, &rec, rev, schemas.EventEffectAmbiguous)
+		return nil
+	}
+	return fmt.Errorf("job %s: mark effect %s ambiguous: it kept changing", cp.JobID, key)
+}
+
+// addWaiter records that cp's job waits on the ambiguous effect of
+// another job (a shared idempotency key), so that one resolution tells
+// them all.
+func (e *Engine) addWaiter(ctx context.Context, cp *schemas.Checkpoint, ent kv.EffectEntry) error {
+	for try := 0; try < 8; try++ {
+		rec := *ent.Record
+		if rec.Job == cp.JobID || containsString(rec.SharedBy, cp.JobID) {
+			return nil
+		}
+		if rec.State != schemas.EffectAmbiguous {
+			if rec.Settled() || rec.State == schemas.EffectReconciled {
+				return e.signalResolved(ctx, cp.JobID, rec.Key, ent.Revision, "the shared effect was settled")
+			}
+			return nil
+		}
+		rec.SharedBy = append(append([]string(nil), rec.SharedBy...), cp.JobID)
+		rec.UpdatedAt = e.cfg.Now().UTC()
+		_, err := e.store.Effects.Update(ctx, &rec, ent.Revision)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, schemas.ErrConflict) {
+			return fmt.Errorf("job %s: wait on effect %s: %w", cp.JobID, rec.Key, err)
+		}
+		if ent, err = e.store.Effects.Get(ctx, rec.Key); err != nil {
+			return fmt.Errorf("job %s: wait on effect %s: %w", cp.JobID, rec.Key, err)
+		}
+	}
+	return fmt.Errorf("job %s: wait on effect %s: it kept changing", cp.JobID, ent.Record.Key)
+}
+
+func containsString(xs []string, s string) bool {
+	for _, x := range xs {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// signalResolved tells job that the effect under key was settled: the
+// signal engine effects resolve sends, here sent by the engine itself.
+func (e *Engine) signalResolved(ctx context.Context, job, key string, rev uint64, by string) error {
+	sig, err := json.Marshal(schemas.Signal{Job: job, Type: schemas.SignalEffectResolved, Key: key, By: by})
+	if err != nil {
+		return err
+	}
+	m := nats.NewMsg(e.store.Names.InboxSubject(kv.InboxSignal, job))
+	m.Data = sig
+	m.Header.Set(jetstream.MsgIDHeader, job+"/resolve/"+strconv.FormatUint(rev, 10))
+	if _, err := e.store.JS.PublishMsg(ctx, m); err != nil {
+		return fmt.Errorf("tell job %s that effect %s is settled: %w", job, key, err)
+	}
+	return nil
+}
+
+// effectEvent appends a ledger transition to the job's history.
+func (e *Engine) effectEvent(ctx context.Context, rec *schemas.EffectRecord, rev uint64, typ string) {
+	m := nats.NewMsg(e.store.Names.EffectHistorySubject(rec.Job))
+	m.Data = schemas.AppendEffectEvent(nil, schemas.HistorySourceEngine, typ, rec, rev, e.cfg.Now().UTC())
+	m.Header.Set(jetstream.MsgIDHeader, rec.Job+"/effect/"+strconv.FormatUint(rev, 10)+"/"+typ)
+	m.Header.Set("Content-Type", schemas.HistoryContentType)
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := e.store.JS.PublishMsg(pctx, m); err != nil {
+		e.log.Warn("effect event not recorded in history", "key", rec.Key, "type", typ, "err", err)
+	}
+}
+
+// dispatchMissing reports whether cp's current dispatch has neither a
+// message in the work stream nor a result in the inbox: the facts that say
+// it was never published (or was lost), so publishing it is needed.
+func (e *Engine) dispatchMissing(ctx context.Context, cp *schemas.Checkpoint) (bool, error) {
+	f, err := e.dispatchFacts(ctx, cp)
+	if err != nil {
+		return false, err
+	}
+	return !f.queued && !f.answered, nil
+}
+
+// stepMessage builds the step message of cp.Current.
+func (e *Engine) stepMessage(cp *schemas.Checkpoint) (*nats.Msg, error) {
+	d := cp.Current
+	rec := cp.Steps[d.Step]
+	runs := 1
+	if rec != nil {
+		runs = rec.Runs
+	}
+	sm := schemas.StepMessage{
+		Job:            cp.JobID,
+		Step:           d.Step,
+		Attempt:        d.Attempt,
+		RunAttempt:     d.RunAttempt,
+		DefinitionHash: cp.DefinitionHash,
+		State:          cp.State,
+		Vars:           cp.Vars,
+		NotBefore:      d.NotBefore,
+		IdempotencyKey: schemas.IdempotencyKey(cp.JobID, d.Step, runs),
+		EffectKey:      d.EffectKey,
+	}
+	m := nats.NewMsg(e.store.Names.WorkSubject(d.Pool, cp.JobID))
+	data, err := schemas.EncodeStepMessage(&sm, m.Header)
+	if err != nil {
+		return nil, err
+	}
+	if max := int(e.store.Config.MaxMessageBytes); len(data) > max {
+		return nil, &schemas.Error{Code: schemas.CodeTooLarge, Job: cp.JobID, Step: d.Step, Attempt: d.Attempt,
+			Message: fmt.Sprintf("step message is %d bytes; the limit is %d", len(data), max)}
+	}
+	m.Data = data
+	m.Header.Set(jetstream.MsgIDHeader, d.MsgID)
+	return m, nil
+}

@@ -1,0 +1,94 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/waymark-dev/waymark/kv"
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// Requeue dispatches again, from the checkpoints, the step messages that
+// lost queues held: the current step of every running job dispatched
+// before lostAt, under a new attempt number (a late result of the old
+// attempt is dropped as stale, and its worker is fenced out of the ledger)
+// without using up a retry. Pure and idempotent steps are dispatched at
+// once: running them twice is safe. Lookup and unsafe steps wait until the
+// old attempt must have ended, lostAt plus the step's timeout plus
+// StallGrace: asking the provider whether the effect happened, or
+// declaring it ambiguous, while the first call may still be under way
+// would be wrong. Jobs blocked on an effect that was resolved meanwhile
+// (the signal was lost too) are resumed. It reads only the jobs the index
+// lists as active. It returns how many jobs still wait for their turn, and
+// the first error.
+func (e *Engine) Requeue(ctx context.Context, lostAt time.Time) (waiting int, err error) {
+	now := e.cfg.Now()
+	var due, blocked []kv.Entry
+	var firstErr error
+	note := func(err error) {
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	err = e.store.Jobs.Active(ctx, func(ie kv.IndexEntry) bool {
+		ent, err := e.store.Checkpoints.Get(ctx, ie.Job)
+		switch {
+		case errors.Is(err, schemas.ErrNotFound), errors.Is(err, schemas.ErrQuarantined):
+			return true // the reconciler sees to them
+		case err != nil:
+			note(fmt.Errorf("requeue job %s: %w", ie.Job, err))
+			return true
+		}
+		cp := ent.Checkpoint
+		switch {
+		case cp.Status == schemas.JobRunning && cp.Current != nil && cp.Current.DispatchedAt.Before(lostAt):
+			def, err := e.store.Definitions.Get(ctx, cp.DefinitionHash)
+			if err != nil {
+				note(fmt.Errorf("requeue job %s: %w", ie.Job, err))
+				return true
+			}
+			s := def.Step(cp.Current.Step)
+			if s == nil {
+				return true
+			}
+			switch def.EffectOf(s) {
+			case schemas.EffectPure, schemas.EffectIdempotent:
+				due = append(due, ent)
+			default:
+				if now.Before(lostAt.Add(def.TimeoutOf(s) + e.cfg.StallGrace)) {
+					waiting++
+					return true
+				}
+				due = append(due, ent)
+			}
+		case cp.Status == schemas.JobNeedsReconciliation && cp.Blocked != nil:
+			blocked = append(blocked, ent)
+		}
+		return true
+	})
+	if err != nil {
+		return waiting, err
+	}
+	for _, ent := range due {
+		note(e.redispatchLostQueue(ctx, ent, now))
+	}
+	for _, ent := range blocked {
+		note(e.resumeResolved(ctx, ent, now))
+	}
+	return waiting, firstErr
+}
+
+// redispatchLostQueue writes a new attempt of a running job's current step
+// whose message was lost, and publishes it. A job that moved on meanwhile
+// is left alone.
+func (e *Engine) redispatchLostQueue(ctx context.Context, ent kv.Entry, now time.Time) error {
+	written, err := e.transitionOne(ctx, ent, "requeue/"+ent.Checkpoint.Current.MsgID, now, func(_ *compiled, next *schemas.Checkpoint) []event {
+		return []event{redispatchLost(next, now)}
+	})
+	if written && err == nil {
+		e.ctr.requeued.Add(1)
+	}
+	return err
+}

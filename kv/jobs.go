@@ -1,0 +1,357 @@
+package kv
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// Jobs is the job index: one small entry per job in a KV bucket, so that
+// the reconciler and listings read the jobs they need instead of every
+// checkpoint ever written. Keys put what listings filter on into subject
+// tokens, so the server does the filtering:
+//
+//	active.<workflow>.<job>          from creation until the job finished
+//	ended.<status>.<workflow>.<job>  once it finished (completed or failed)
+//
+// The index follows the checkpoints, never the other way round, and every
+// write to it is conditional:
+//
+//   - A job's active entry is created (create-only) before its first
+//     checkpoint, so no job that can still change is ever missing from
+//     the index. A crash between the two leaves an entry without a
+//     checkpoint, which the reconciler removes after a grace period.
+//   - When a job finishes, its ended entry is created after the terminal
+//     checkpoint, and only then is the active entry removed, by a purge
+//     that removes nothing newer than the revision read. A crash between
+//     leaves an active entry of a finished job, which the reconciler
+//     finishes.
+//
+// Removing an entry purges its messages rather than writing a delete
+// marker, so a listing never walks the markers of jobs long gone. Safe for
+// concurrent use.
+type Jobs struct {
+	kv    jetstream.KeyValue
+	js    jetstream.JetStream
+	names Names
+}
+
+// Index classes: the first token of an index key.
+const (
+	indexActive = "active"
+	indexEnded  = "ended"
+)
+
+// IndexEntry is one job in the index. Revision is the entry's KV revision,
+// which is also its sequence in the bucket's stream: listings are ordered
+// by it, newest first.
+type IndexEntry struct {
+	Key      string `json:"-"`
+	Revision uint64 `json:"-"`
+
+	Job       string            `json:"job"`
+	Workflow  string            `json:"workflow"`
+	Version   int               `json:"version,omitempty"`
+	Status    schemas.JobStatus `json:"status,omitempty"` // ended entries: the final status
+	CreatedAt time.Time         `json:"created_at"`
+	EndedAt   *time.Time        `json:"ended_at,omitempty"`
+	// ResumeCount and Error are copied from the final checkpoint, so that a
+	// listing of finished jobs reads no checkpoint.
+	ResumeCount int            `json:"resume_count,omitempty"`
+	Error       *schemas.Error `json:"error,omitempty"`
+}
+
+// Ended reports whether the entry is of a finished job.
+func (e *IndexEntry) Ended() bool { return strings.HasPrefix(e.Key, indexEnded+".") }
+
+// ActiveKey is the index key of a job that may still change.
+func ActiveKey(workflow, job string) string { return indexActive + "." + workflow + "." + job }
+
+// EndedKey is the index key of a finished job.
+func EndedKey(status schemas.JobStatus, workflow, job string) string {
+	return indexEnded + "." + string(status) + "." + workflow + "." + job
+}
+
+func (j *Jobs) subject(key string) string { return "$KV." + j.names.JobsBucket + "." + key }
+
+func (j *Jobs) streamName() string { return "KV_" + j.names.JobsBucket }
+
+// CreateActive creates job's active entry (create-only) and returns its
+// revision. Errors: schemas.ErrConflict when the entry exists (the job, or
+// an attempt to create it, exists).
+func (j *Jobs) CreateActive(ctx context.Context, cp *schemas.Checkpoint) (uint64, error) {
+	e := IndexEntry{Job: cp.JobID, Workflow: cp.Workflow, Version: cp.Version, CreatedAt: cp.CreatedAt}
+	data, err := json.Marshal(&e)
+	if err != nil {
+		return 0, fmt.Errorf("index job %s: %w", cp.JobID, err)
+	}
+	rev, err := j.kv.Create(ctx, ActiveKey(cp.Workflow, cp.JobID), data)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return 0, schemas.Errorf(schemas.CodeConflict, "job %s is already indexed", cp.JobID).WithCause(err)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("index job %s: %w", cp.JobID, err)
+	}
+	return rev, nil
+}
+
+// Get returns the entry under key. Errors: schemas.ErrNotFound.
+func (j *Jobs) Get(ctx context.Context, key string) (IndexEntry, error) {
+	ent, err := j.kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey) {
+		return IndexEntry{}, schemas.Errorf(schemas.CodeNotFound, "no index entry %q", key)
+	}
+	if err != nil {
+		return IndexEntry{}, fmt.Errorf("read index entry %s: %w", key, err)
+	}
+	return decodeEntry(key, ent.Revision(), ent.Value())
+}
+
+func decodeEntry(key string, rev uint64, data []byte) (IndexEntry, error) {
+	var e IndexEntry
+	if err := json.Unmarshal(data, &e); err != nil {
+		return IndexEntry{}, fmt.Errorf("index entry %s does not decode: %w", key, err)
+	}
+	e.Key, e.Revision = key, rev
+	return e, nil
+}
+
+// End records that the job of cp (a terminal checkpoint) finished: it
+// creates the ended entry (create-only: one that exists stays) and then
+// removes the active entry if its revision is still at most activeRev (0:
+// whatever revision it has now, read first). Every step may be repeated.
+func (j *Jobs) End(ctx context.Context, cp *schemas.Checkpoint, activeRev uint64) error {
+	if !cp.Status.Terminal() {
+		return fmt.Errorf("index job %s: status %s has not ended", cp.JobID, cp.Status)
+	}
+	e := IndexEntry{Job: cp.JobID, Workflow: cp.Workflow, Version: cp.Version, Status: cp.Status,
+		CreatedAt: cp.CreatedAt, EndedAt: cp.CompletedAt, ResumeCount: cp.ResumeCount, Error: cp.Error}
+	data, err := json.Marshal(&e)
+	if err != nil {
+		return fmt.Errorf("index job %s: %w", cp.JobID, err)
+	}
+	ended := EndedKey(cp.Status, cp.Workflow, cp.JobID)
+	if _, err := j.kv.Create(ctx, ended, data); errors.Is(err, jetstream.ErrKeyExists) {
+		// Written before (this is a repeat, or the finished job's checkpoint
+		// changed since: a resume counted late): bring it up to date.
+		got, err := j.kv.Get(ctx, ended)
+		if err != nil {
+			return fmt.Errorf("index job %s as %s: %w", cp.JobID, cp.Status, err)
+		}
+		if !bytes.Equal(got.Value(), data) {
+			if _, err := j.kv.Update(ctx, ended, data, got.Revision()); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+				return fmt.Errorf("index job %s as %s: %w", cp.JobID, cp.Status, err)
+			}
+		}
+	} else if err != nil {
+		return fmt.Errorf("index job %s as %s: %w", cp.JobID, cp.Status, err)
+	}
+	key := ActiveKey(cp.Workflow, cp.JobID)
+	if activeRev == 0 {
+		got, err := j.Get(ctx, key)
+		if errors.Is(err, schemas.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		activeRev = got.Revision
+	}
+	return j.Remove(ctx, key, activeRev)
+}
+
+// Remove removes the entry under key if its revision is at most rev: a
+// purge of the key's messages up to rev, so an entry written again since
+// survives (a compare-and-swap delete that leaves no marker).
+func (j *Jobs) Remove(ctx context.Context, key string, rev uint64) error {
+	return purgeUpTo(ctx, j.js, j.streamName(), j.subject(key), rev)
+}
+
+// purgeUpTo removes subject's messages in stream whose sequence is at most
+// rev, leaving later ones.
+func purgeUpTo(ctx context.Context, js jetstream.JetStream, stream, subject string, rev uint64) error {
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return fmt.Errorf("purge %s: %w", subject, err)
+	}
+	if err := st.Purge(ctx, jetstream.WithPurgeSubject(subject), jetstream.WithPurgeSequence(rev+1)); err != nil {
+		return fmt.Errorf("purge %s up to %d: %w", subject, rev, err)
+	}
+	return nil
+}
+
+// Active calls fn with the entry of every job that may still change, in
+// the order they were created, until fn returns false. Its cost follows
+// the number of such jobs, not of jobs ever run.
+func (j *Jobs) Active(ctx context.Context, fn func(IndexEntry) bool) error {
+	return j.watch(ctx, []string{indexActive + ".>"}, fn)
+}
+
+// Ended calls fn with the entry of every finished job, the longest
+// finished first (in the order their entries were written), until fn
+// returns false.
+func (j *Jobs) Ended(ctx context.Context, fn func(IndexEntry) bool) error {
+	return j.watch(ctx, []string{indexEnded + ".>"}, fn)
+}
+
+func (j *Jobs) watch(ctx context.Context, keys []string, fn func(IndexEntry) bool) error {
+	w, err := j.kv.WatchFiltered(ctx, keys, jetstream.IgnoreDeletes())
+	if err != nil {
+		return fmt.Errorf("read job index %v: %w", keys, err)
+	}
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("read job index %v: %w", keys, ctx.Err())
+		case ent, ok := <-w.Updates():
+			if !ok || ent == nil {
+				return nil
+			}
+			e, err := decodeEntry(ent.Key(), ent.Revision(), ent.Value())
+			if err != nil {
+				continue
+			}
+			if !fn(e) {
+				return nil
+			}
+		}
+	}
+}
+
+// IndexFilter selects index entries. Zero fields match everything.
+type IndexFilter struct {
+	// Active selects jobs that may still change; Ended, finished ones;
+	// neither, both.
+	Active, Ended bool
+	// Status selects finished jobs of this status (implies Ended).
+	Status schemas.JobStatus
+	// Workflow selects jobs of this workflow.
+	Workflow string
+}
+
+func (f IndexFilter) subjects(j *Jobs) []string {
+	wf := "*"
+	if f.Workflow != "" {
+		wf = f.Workflow
+	}
+	status := "*"
+	if f.Status != "" {
+		status = string(f.Status)
+		f.Ended, f.Active = true, false
+	}
+	var out []string
+	if f.Active || !f.Ended {
+		out = append(out, j.subject(indexActive+"."+wf+".*"))
+	}
+	if f.Ended || !f.Active {
+		out = append(out, j.subject(indexEnded+"."+status+"."+wf+".*"))
+	}
+	return out
+}
+
+// Page returns up to limit entries matching f, newest first: by revision,
+// which is the order jobs were created (active entries) or finished (ended
+// entries). before, when not 0, continues a listing: only entries with a
+// revision below it (the Revision of the last entry of the previous page).
+// A job that finishes between two pages moves to the top of the listing
+// and is not seen again lower down. The server filters by subject; the
+// client reads only windows near the top of the bucket's stream, widening
+// them until the page is full or the stream's start is reached.
+func (j *Jobs) Page(ctx context.Context, f IndexFilter, before uint64, limit int) ([]IndexEntry, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	st, err := j.js.Stream(ctx, j.streamName())
+	if err != nil {
+		return nil, fmt.Errorf("list jobs: %w", err)
+	}
+	state := st.CachedInfo().State
+	hi := state.LastSeq + 1
+	if before != 0 && before < hi {
+		hi = before
+	}
+	first := max(state.FirstSeq, 1)
+	subjects := f.subjects(j)
+	var out []IndexEntry
+	win := uint64(max(4*limit, 64))
+	for hi > first && len(out) < limit {
+		lo := first
+		if hi > first+win {
+			lo = hi - win
+		}
+		got, err := j.readRange(ctx, subjects, lo, hi)
+		if err != nil {
+			return nil, err
+		}
+		slices.Reverse(got)
+		out = append(out, got...)
+		hi = lo
+		win *= 4
+	}
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+// readRange returns the live entries on subjects with a sequence in
+// [lo, hi), in order.
+func (j *Jobs) readRange(ctx context.Context, subjects []string, lo, hi uint64) ([]IndexEntry, error) {
+	cons, err := j.js.OrderedConsumer(ctx, j.streamName(), jetstream.OrderedConsumerConfig{
+		FilterSubjects:    subjects,
+		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:       lo,
+		InactiveThreshold: 10 * time.Second,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list jobs: %w", err)
+	}
+	info := cons.CachedInfo()
+	defer func() { _ = j.js.DeleteConsumer(context.WithoutCancel(ctx), j.streamName(), info.Name) }()
+	pending := info.NumPending
+	var out []IndexEntry
+	prefix := "$KV." + j.names.JobsBucket + "."
+	for pending > 0 {
+		batch, err := cons.Fetch(int(min(pending, 256)), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("list jobs: %w", err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			md, err := m.Metadata()
+			if err != nil {
+				continue
+			}
+			pending = md.NumPending
+			if md.Sequence.Stream >= hi {
+				return out, nil
+			}
+			if op := m.Headers().Get("KV-Operation"); op != "" {
+				continue // a delete or purge marker
+			}
+			e, err := decodeEntry(strings.TrimPrefix(m.Subject(), prefix), md.Sequence.Stream, m.Data())
+			if err != nil {
+				continue
+			}
+			out = append(out, e)
+		}
+		if err := batch.Error(); err != nil {
+			return nil, fmt.Errorf("list jobs: %w", err)
+		}
+		if n == 0 {
+			break
+		}
+	}
+	return out, nil
+}
