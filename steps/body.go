@@ -323,10 +323,16 @@ func compileStringBody(id, text string, env *Env) (body, error) {
 	if actions > 0 && lex.state != lexDone {
 		return nil, fmt.Errorf("with.body: the text around the actions is not one complete JSON value, whatever they print")
 	}
-	if actions == 0 && !json.Valid([]byte(text)) {
-		var v any
-		err := json.Unmarshal([]byte(text), &v)
-		return nil, fmt.Errorf("with.body is not JSON: %v", err)
+	if actions == 0 {
+		var b strings.Builder
+		for _, s := range sb.segs {
+			b.WriteString(s.text)
+		}
+		if !json.Valid([]byte(b.String())) {
+			var v any
+			err := json.Unmarshal([]byte(b.String()), &v)
+			return nil, fmt.Errorf("with.body is not JSON: %v", err)
+		}
 	}
 	return sb, nil
 }

@@ -141,7 +141,9 @@ func (r *httpRunner) lookup(ctx context.Context, c *Call) (bool, any, error) {
 	if err != nil {
 		return false, nil, err
 	}
-	status, raw, err := r.do(ctx, c, r.lookupMethod, url, nil, nil)
+	// The step's headers go on the lookup too: it asks the same provider,
+	// with the same credentials.
+	status, raw, err := r.do(ctx, c, r.lookupMethod, url, nil, data)
 	if err != nil {
 		return false, nil, err
 	}
