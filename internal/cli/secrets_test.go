@@ -366,3 +366,116 @@ func searchJetStream(t *testing.T, url string, s *canarySearch) {
 		t.Fatalf("read %d messages of %d streams: the layout was not found", msgs, streams)
 	}
 }
+
+func TestSecretFlagErrors(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "not-a-dir")
+	if err := os.WriteFile(file, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(t.TempDir(), "missing")
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", repo("examples/quickstart/workflow.yaml"), "--secrets-dir", missing}, `--secrets-dir "` + missing + `": no such file or directory`},
+		{[]string{"serve", "--secrets-dir", file}, `--secrets-dir "` + file + `": not a directory`},
+		{[]string{"run", repo("examples/quickstart/workflow.yaml"), "--secret-env", "NOT-A-VAR"}, `--secret-env "NOT-A-VAR": want an environment variable name`},
+		{[]string{"worker", "--secrets-dir", missing}, `--secrets-dir "` + missing + `"`},
+		{[]string{"worker", "--secret-env", "1ABC"}, `--secret-env "1ABC"`},
+	} {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			t.Parallel()
+			args := append(tt.args, "--data-dir", t.TempDir())
+			var code int
+			var errOut string
+			if args[0] == "worker" {
+				var out, eb bytes.Buffer
+				cmd := NewWorkerCommand(&out, &eb, nil)
+				cmd.SetArgs(append(args[1:len(args)-2], "--nats-url", unreachable))
+				err := cmd.ExecuteContext(context.Background())
+				var ee *ExitError
+				if errors.As(err, &ee) {
+					code = ee.Code
+				}
+				if err != nil {
+					errOut = err.Error()
+				}
+			} else {
+				_, errOut, code = execute(t, args...)
+			}
+			if code != 2 || !strings.Contains(errOut, tt.want) {
+				t.Errorf("exit %d stderr %q, want 2 and %q", code, errOut, tt.want)
+			}
+		})
+	}
+}
+
+// TestSecretsDirDefaultsToSystemdCredentials: a worker started by systemd
+// with LoadCredential= finds its secrets in $CREDENTIALS_DIRECTORY, and a
+// bad one is reported as coming from there. Not parallel: it sets the
+// process environment.
+func TestSecretsDirDefaultsToSystemdCredentials(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "creds")
+	t.Setenv("WAYMARK_SECRETS_DIR", "")
+	t.Setenv("CREDENTIALS_DIRECTORY", missing)
+	_, errOut, code := execute(t, "run", repo("examples/quickstart/workflow.yaml"), "--data-dir", t.TempDir())
+	if code != 2 || !strings.Contains(errOut, `--secrets-dir "`+missing+`" (from CREDENTIALS_DIRECTORY)`) {
+		t.Errorf("exit %d stderr %q; want the directory named as systemd's", code, errOut)
+	}
+}
+
+// TestRunReadsSecretsFromTheEnvironment: engine run's worker sends
+// WAYMARK_SECRET_* variables and those --secret-env (or WAYMARK_SECRETS_ENV)
+// exposes, and nothing else. Not parallel: it sets the process environment.
+func TestRunReadsSecretsFromTheEnvironment(t *testing.T) {
+	t.Setenv("WAYMARK_SECRET_WM_PREFIXED", "prefixed-value-123")
+	t.Setenv("WM_EXPOSED_TOKEN", "exposed-value-456")
+	t.Setenv("WM_OTHER_TOKEN", "other-value-789")
+	t.Setenv("WAYMARK_SECRETS_ENV", "WM_OTHER_TOKEN")
+	var mu sync.Mutex
+	got := map[string]string{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got[r.URL.Path] = r.Header.Get("Authorization")
+		mu.Unlock()
+		_, _ = io.WriteString(w, `{"ok": true}`)
+	}))
+	t.Cleanup(srv.Close)
+	wf := writeWorkflow(t, `
+name: env-secrets
+version: 1
+steps:
+  - id: a
+    kind: http
+    with: {url: '{{service "svc"}}/a', headers: {Authorization: '{{secret "WM_PREFIXED"}}'}}
+    next: [{to: b}]
+  - id: b
+    kind: http
+    with: {url: '{{service "svc"}}/b', headers: {Authorization: '{{secret "WM_EXPOSED_TOKEN"}}'}}
+    next: [{to: c}]
+  - id: c
+    kind: http
+    with: {url: '{{service "svc"}}/c', headers: {Authorization: '{{secret "WM_OTHER_TOKEN"}}'}}
+    next: [{to: d}]
+  - id: d
+    kind: http
+    with: {url: '{{service "svc"}}/d', headers: {Authorization: '{{secret "HOME"}}'}}
+`)
+	out, errOut, code := execute(t, "run", wf, "--data-dir", t.TempDir(), "--sync", "interval", "--service", "svc="+srv.URL,
+		"--secret-env", "WM_EXPOSED_TOKEN", "--secret-env", "WM_OTHER_TOKEN")
+	mu.Lock()
+	defer mu.Unlock()
+	want := map[string]string{"/a": "prefixed-value-123", "/b": "exposed-value-456", "/c": "other-value-789"}
+	for path, v := range want {
+		if got[path] != v {
+			t.Errorf("%s got Authorization %q, want %q", path, got[path], v)
+		}
+	}
+	if _, called := got["/d"]; called {
+		t.Error("a step reading HOME, which no flag exposes, made its call")
+	}
+	if code != 1 || !strings.Contains(errOut, `secret \"HOME\" is not set on this worker`) && !strings.Contains(errOut+out, `secret "HOME" is not set on this worker`) {
+		t.Errorf("exit %d\n%s\n%s; want 1 and the unknown secret named", code, out, errOut)
+	}
+}
