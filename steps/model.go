@@ -146,15 +146,20 @@ func (modelKind) Prepare(p *Prep) (Runner, error) {
 		r.keyEnv, keyName = own, own
 		haveKey = env.getenv(own) != ""
 	default:
-		keyName = "no key (a step with base_url gets the provider's own key only through --secret-env " + own + " and api_key_env)"
+		// A step's own base_url is not sent the provider's own key.
+		keyName = "no key for a step with its own base_url (name one with api_key_secret; " + own + " goes only to the provider's API)"
 	}
 	live := haveKey || (w.Provider == providers.OpenAI && baseURL != "")
 	if !live {
+		missing := keyName + " is not set"
+		if r.keyEnv == "" && r.keySecret == "" {
+			missing = keyName
+		}
 		if mode == ModelLive {
-			return nil, fmt.Errorf("provider %s: %s is not set", w.Provider, keyName)
+			return nil, fmt.Errorf("provider %s: %s", w.Provider, missing)
 		}
 		if replay == nil {
-			return nil, fmt.Errorf("provider %s: %s is not set and the step has no cassette to replay", w.Provider, keyName)
+			return nil, fmt.Errorf("provider %s: %s and the step has no cassette to replay", w.Provider, missing)
 		}
 		r.replay, r.source = replay, "replay"
 		return r, nil
