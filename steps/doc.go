@@ -14,6 +14,13 @@
 // the inbox: a worker that dies before that leaves the message to be
 // delivered again after the ack wait.
 //
+// Credentials reach a step only as references ({{secret "NAME"}} in an
+// http step's request, api_key_secret in a model step), resolved by the
+// worker when it makes the call (secrets.go); whatever the call produces is
+// scrubbed of the values it resolved before it is recorded, published or
+// logged (scrub.go). An http step's body is a JSON value whose string
+// leaves are templates, so data cannot add structure to it (body.go).
+//
 // A custom worker registers its own kinds and runs the same runtime:
 //
 //	reg := steps.NewRegistry()

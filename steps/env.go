@@ -30,16 +30,20 @@ const (
 const RecordCassetteEnv = "WAYMARK_RECORD_CASSETTE"
 
 // Env is what a worker gives its step kinds from outside the definition.
-// The zero value works: no services, ModelAuto, os.Getenv, a default HTTP
-// client.
+// The zero value works: no services, ModelAuto, os.Getenv, secrets from
+// WAYMARK_SECRET_* variables only, a default HTTP client.
 type Env struct {
 	// Services maps a service name to its base URL, for {{service "name"}}
 	// in templates. Definitions name services, workers know where they are.
 	Services map[string]string
 	// ModelMode is ModelAuto (default), ModelLive or ModelReplay.
 	ModelMode string
-	// Getenv reads API keys; nil means os.Getenv. Keys are never stored.
+	// Getenv reads the environment (API keys, WAYMARK_SECRET_* secrets);
+	// nil means os.Getenv. Values read are never stored.
 	Getenv func(string) string
+	// Secrets says where {{secret "NAME"}} and api_key_secret find values
+	// besides WAYMARK_SECRET_<NAME>; see Secrets.
+	Secrets Secrets
 	// HTTPClient makes http steps' and model providers' requests; nil means
 	// a client with no overall timeout (steps carry their own deadlines).
 	HTTPClient *http.Client
@@ -127,8 +131,9 @@ const (
 var untrustedTagRE = regexp.MustCompile(`(?i)<(/?)\s*untrusted-data\s*>`)
 
 // templateFuncs are the functions step templates may call: json, untrusted,
-// service, join, lower, upper, trim. None reads the clock, so rendering the
-// same state twice gives the same text.
+// service, secret, join, lower, upper, trim. None reads the clock, so
+// rendering the same state twice gives the same text. secret is bound per
+// call (stepTemplate.execute); this one only refuses.
 func templateFuncs(env *Env) template.FuncMap {
 	return template.FuncMap{
 		"json": func(v any) (string, error) {
@@ -160,19 +165,36 @@ func templateFuncs(env *Env) template.FuncMap {
 			}
 			return strings.Join(parts, sep)
 		},
-		"lower": strings.ToLower,
-		"upper": strings.ToUpper,
-		"trim":  strings.TrimSpace,
+		"secret": secretFunc,
+		"lower":  strings.ToLower,
+		"upper":  strings.ToUpper,
+		"trim":   strings.TrimSpace,
 	}
 }
 
-// parseTemplate parses text as a step template: unknown keys are errors
+// newTemplate parses text as a step template: unknown keys are errors
 // (missingkey=error) so a typo fails the attempt instead of rendering
 // "<no value>". service resolves through env.
-func parseTemplate(name, text string, env *Env) (*template.Template, error) {
+func newTemplate(name, text string, env *Env) (*template.Template, error) {
 	t, err := template.New(name).Option("missingkey=error").Funcs(templateFuncs(env)).Parse(text)
 	if err != nil {
 		return nil, fmt.Errorf("template %s: %w", name, err)
+	}
+	return t, nil
+}
+
+// parseTemplate parses text as a step template that may not read secrets:
+// prompts (a model could repeat a secret into its output), idempotency
+// keys (stored in the ledger) and anything else whose rendering is kept or
+// shown. An http step's request templates use parseSecretTemplate.
+func parseTemplate(name, text string, env *Env) (*template.Template, error) {
+	t, err := newTemplate(name, text, env)
+	if err != nil {
+		return nil, err
+	}
+	names, err := secretCalls(t)
+	if err != nil || len(names) > 0 {
+		return nil, fmt.Errorf("template %s: {{secret}} is not allowed here: secrets go only into an http step's url, headers and body (and a model step's key, through api_key_secret), whose rendering is sent and never stored", name)
 	}
 	return t, nil
 }

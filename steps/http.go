@@ -10,7 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"text/template"
+	"unicode/utf8"
 
 	"github.com/waymark-dev/waymark/schemas"
 )
@@ -18,16 +18,19 @@ import (
 // MaxHTTPResponseBytes caps the body an http step reads.
 const MaxHTTPResponseBytes = 1 << 20
 
-// httpKind calls a URL with a JSON body rendered from state and an
+// httpKind calls a URL with a JSON body built from state (body.go) and an
 // Idempotency-Key header (IETF draft-ietf-httpapi-idempotency-key-header)
 // carrying the call's idempotency key; the JSON response is the output.
+// The url, headers and body may read secrets ({{secret "NAME"}}); the
+// rendered request is sent and never stored, and the call's error and
+// output are scrubbed of the secrets and of credential header values.
 type httpKind struct{}
 
 type httpWith struct {
 	Method  string            `json:"method,omitempty"`
 	URL     string            `json:"url"`
 	Headers map[string]string `json:"headers,omitempty"`
-	Body    string            `json:"body,omitempty"`
+	Body    json.RawMessage   `json:"body,omitempty"`
 	Lookup  *httpLookup       `json:"lookup,omitempty"`
 }
 
@@ -40,12 +43,37 @@ type httpLookup struct {
 
 type httpRunner struct {
 	method       string
-	url          *template.Template
-	body         *template.Template
-	headers      map[string]*template.Template
+	url          *stepTemplate
+	body         body
+	headers      map[string]*stepTemplate
+	credential   map[string]bool // headers whose values are scrubbed from errors
 	lookupMethod string
-	lookupURL    *template.Template
+	lookupURL    *stepTemplate
 	env          *Env
+}
+
+// credentialHeaderNames are headers that carry credentials by their name;
+// headers whose names hold one of credentialHeaderParts are taken as such
+// too (X-Auth-Token, PRIVATE-TOKEN, X-Vault-Token, X-Client-Secret ...).
+var (
+	credentialHeaderNames = map[string]bool{"authorization": true, "proxy-authorization": true, "cookie": true, "set-cookie": true,
+		"x-api-key": true, "api-key": true, "x-goog-api-key": true, "anthropic-api-key": true, "openai-api-key": true}
+	credentialHeaderParts = []string{"auth", "token", "secret", "password", "passwd", "apikey", "api-key", "api_key", "session", "cookie"}
+)
+
+// isCredentialHeader reports whether a header's value is a credential by
+// its name.
+func isCredentialHeader(name string) bool {
+	n := strings.ToLower(name)
+	if credentialHeaderNames[n] {
+		return true
+	}
+	for _, p := range credentialHeaderParts {
+		if strings.Contains(n, p) {
+			return true
+		}
+	}
+	return false
 }
 
 func (httpKind) Prepare(p *Prep) (Runner, error) {
@@ -53,36 +81,35 @@ func (httpKind) Prepare(p *Prep) (Runner, error) {
 	if err := p.Decode(&w); err != nil {
 		return nil, err
 	}
-	r := &httpRunner{method: w.Method, env: p.Env, headers: map[string]*template.Template{}}
+	r := &httpRunner{method: w.Method, env: p.Env, headers: map[string]*stepTemplate{}, credential: map[string]bool{}}
+	var err error
+	if r.body, err = compileBody(p.Step.ID, w.Body, p.Env); err != nil {
+		return nil, err
+	}
 	if r.method == "" {
 		r.method = http.MethodPost
-		if w.Body == "" {
+		if r.body == nil {
 			r.method = http.MethodGet
 		}
 	}
-	var err error
-	if r.url, err = parseTemplate(p.Step.ID+".url", w.URL, p.Env); err != nil {
+	if r.url, err = parseSecretTemplate(p.Step.ID+".url", w.URL, p.Env); err != nil {
 		return nil, err
-	}
-	if w.Body != "" {
-		if r.body, err = parseTemplate(p.Step.ID+".body", w.Body, p.Env); err != nil {
-			return nil, err
-		}
 	}
 	for k, v := range w.Headers {
 		if strings.EqualFold(k, "Idempotency-Key") {
 			return nil, fmt.Errorf("header Idempotency-Key is set by Waymark from the job and step; remove it")
 		}
-		if r.headers[k], err = parseTemplate(p.Step.ID+".headers."+k, v, p.Env); err != nil {
+		if r.headers[k], err = parseSecretTemplate(p.Step.ID+".headers."+k, v, p.Env); err != nil {
 			return nil, err
 		}
+		r.credential[k] = isCredentialHeader(k) || len(r.headers[k].secrets) > 0
 	}
 	if w.Lookup != nil {
 		r.lookupMethod = w.Lookup.Method
 		if r.lookupMethod == "" {
 			r.lookupMethod = http.MethodGet
 		}
-		if r.lookupURL, err = parseTemplate(p.Step.ID+".lookup.url", w.Lookup.URL, p.Env); err != nil {
+		if r.lookupURL, err = parseSecretTemplate(p.Step.ID+".lookup.url", w.Lookup.URL, p.Env); err != nil {
 			return nil, err
 		}
 	}
@@ -94,8 +121,15 @@ func (httpKind) Prepare(p *Prep) (Runner, error) {
 
 // Lookup asks the provider, with the lookup request, whether the call's
 // action happened: 200 (with a JSON body, the result) means it did, 404
-// that it did not; anything else is an error.
+// that it did not; anything else is an error. The answer and the error are
+// scrubbed as Run's are.
 func (r *httpRunner) Lookup(ctx context.Context, c *Call) (bool, any, error) {
+	found, out, err := r.lookup(ctx, c)
+	out, err = c.scrubResult(out, err)
+	return found, out, err
+}
+
+func (r *httpRunner) lookup(ctx context.Context, c *Call) (bool, any, error) {
 	if r.lookupURL == nil {
 		return false, nil, fmt.Errorf("no with.lookup")
 	}
@@ -103,11 +137,13 @@ func (r *httpRunner) Lookup(ctx context.Context, c *Call) (bool, any, error) {
 	if err != nil {
 		return false, nil, err
 	}
-	url, err := render(r.lookupURL, data)
+	url, err := r.lookupURL.execute(c, r.env, data)
 	if err != nil {
 		return false, nil, err
 	}
-	status, raw, err := r.do(ctx, c, r.lookupMethod, url, nil, nil)
+	// The step's headers go on the lookup too: it asks the same provider,
+	// with the same credentials.
+	status, raw, err := r.do(ctx, c, r.lookupMethod, url, nil, data)
 	if err != nil {
 		return false, nil, err
 	}
@@ -123,28 +159,33 @@ func (r *httpRunner) Lookup(ctx context.Context, c *Call) (bool, any, error) {
 		}
 		return true, json.RawMessage(raw), nil
 	}
-	return false, nil, fmt.Errorf("lookup %s %s: status %d: %.200s", r.lookupMethod, redactURL(url), status, bytes.TrimSpace(raw))
+	return false, nil, fmt.Errorf("lookup %s %s: status %d: %s", r.lookupMethod, redactURL(url), status, r.excerpt(c, raw, 200))
 }
 
+// Run sends the request. Errors before it is sent are not performed (the
+// effect did not happen); the error and the output are scrubbed of what
+// the call resolved.
 func (r *httpRunner) Run(ctx context.Context, c *Call) (any, error) {
+	return c.scrubResult(r.run(ctx, c))
+}
+
+func (r *httpRunner) run(ctx context.Context, c *Call) (any, error) {
+	notSent := func(err error) error { return NotPerformed(NonRetryable(err)) }
 	data, err := c.TemplateData()
 	if err != nil {
-		return nil, NonRetryable(err)
+		return nil, notSent(err)
 	}
-	url, err := render(r.url, data)
+	url, err := r.url.execute(c, r.env, data)
 	if err != nil {
-		return nil, NonRetryable(err)
+		return nil, notSent(err)
 	}
 	var body io.Reader
 	if r.body != nil {
-		b, err := render(r.body, data)
+		b, err := r.body.render(c, r.env, data)
 		if err != nil {
-			return nil, NonRetryable(err)
+			return nil, notSent(err)
 		}
-		if !json.Valid([]byte(b)) {
-			return nil, NonRetryable(fmt.Errorf("rendered body is not JSON: %.200s", b))
-		}
-		body = strings.NewReader(b)
+		body = bytes.NewReader(b)
 	}
 	status, raw, err := r.do(ctx, c, r.method, url, body, data)
 	if err != nil {
@@ -152,7 +193,7 @@ func (r *httpRunner) Run(ctx context.Context, c *Call) (any, error) {
 	}
 	if status < 200 || status > 299 {
 		e := &schemas.Error{Code: schemas.CodeProvider, Retryable: retryableStatus(status),
-			Message: fmt.Sprintf("%s %s: status %d: %.300s", r.method, redactURL(url), status, bytes.TrimSpace(raw))}
+			Message: fmt.Sprintf("%s %s: status %d: %s", r.method, redactURL(url), status, r.excerpt(c, raw, 300))}
 		if status >= 400 && status < 500 && status != http.StatusConflict {
 			// The provider answered and refused: nothing happened. (409 is
 			// another request with the same key still in progress.)
@@ -164,17 +205,41 @@ func (r *httpRunner) Run(ctx context.Context, c *Call) (any, error) {
 		return json.RawMessage("{}"), nil
 	}
 	if !json.Valid(raw) {
-		return nil, NonRetryable(schemas.Errorf(schemas.CodeOutputInvalid, "%s %s: response is not JSON: %.200s", r.method, redactURL(url), raw))
+		return nil, NonRetryable(schemas.Errorf(schemas.CodeOutputInvalid, "%s %s: response is not JSON: %s", r.method, redactURL(url), r.excerpt(c, raw, 200)))
 	}
 	return json.RawMessage(raw), nil
 }
 
+// excerpt returns the first n bytes of a response body for an error
+// message, scrubbed first: cut before scrubbing, a credential could be
+// left in part. A JSON body is scrubbed inside its decoded strings, so an
+// escaped copy (\u0041..., \/) is found too.
+func (r *httpRunner) excerpt(c *Call, raw []byte, n int) string {
+	raw = bytes.TrimSpace(raw)
+	s := c.scrubber()
+	var clean string
+	if json.Valid(raw) {
+		clean = string(s.json(raw, true))
+	} else {
+		clean = s.text(string(raw))
+	}
+	if len(clean) <= n {
+		return clean
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(clean[cut]) {
+		cut--
+	}
+	return clean[:cut] + "…"
+}
+
 // do sends one request with the call's Idempotency-Key and returns the
-// status and body. A transport error leaves the outcome unknown.
+// status and body. A transport error leaves the outcome unknown; an error
+// before the request is sent is marked not performed.
 func (r *httpRunner) do(ctx context.Context, c *Call, method, url string, body io.Reader, data map[string]any) (int, []byte, error) {
 	req, err := http.NewRequestWithContext(ctx, method, url, body)
 	if err != nil {
-		return 0, nil, NonRetryable(fmt.Errorf("build request %s %s: %w", method, redactURL(url), withoutURL(err)))
+		return 0, nil, NotPerformed(NonRetryable(fmt.Errorf("build request %s %s: %w", method, redactURL(url), withoutURL(err))))
 	}
 	if body != nil {
 		// Make the request non-replayable: net/http's Transport resends a
@@ -190,9 +255,12 @@ func (r *httpRunner) do(ctx context.Context, c *Call, method, url string, body i
 	req.Header.Set("Accept", "application/json")
 	if data != nil {
 		for k, t := range r.headers {
-			v, err := render(t, data)
+			v, err := t.execute(c, r.env, data)
 			if err != nil {
-				return 0, nil, NonRetryable(err)
+				return 0, nil, NotPerformed(NonRetryable(err))
+			}
+			if r.credential[k] {
+				c.scrubber().addCredential(v)
 			}
 			req.Header.Set(k, v)
 		}

@@ -294,8 +294,8 @@ func TestHTTPRunErrors(t *testing.T) {
 	}{
 		{name: "unknown service", step: "billing", wantCode: schemas.CodeStepFailed,
 			wantMessage: []string{`no service named "billing"`, "known: audit, tickets"}},
-		{name: "rendered body is not JSON", step: "unquoted", wantCode: schemas.CodeStepFailed,
-			wantMessage: []string{"rendered body is not JSON", `{"title": Crash "on"`}},
+		{name: "a string where a body value belongs", step: "unquoted", wantCode: schemas.CodeStepFailed,
+			wantMessage: []string{"{{.state.title}} at unquoted.body:1:12 stands where a JSON value belongs", "must print a number, true, false or null"}},
 		{name: "missing key in the URL", step: "typo", wantCode: schemas.CodeStepFailed,
 			wantMessage: []string{`map has no entry for key "ticket"`}},
 		{name: "URL that does not parse", step: "raw", state: `{"path": "%zz"}`, wantCode: schemas.CodeStepFailed,

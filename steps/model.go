@@ -19,23 +19,33 @@ import (
 type modelKind struct{}
 
 type modelWith struct {
-	Provider    string   `json:"provider"`
-	Model       string   `json:"model,omitempty"`
-	BaseURL     string   `json:"base_url,omitempty"`
-	APIKeyEnv   string   `json:"api_key_env,omitempty"`
-	System      string   `json:"system,omitempty"`
-	Prompt      string   `json:"prompt"`
-	MaxTokens   int      `json:"max_tokens,omitempty"`
-	Temperature *float64 `json:"temperature,omitempty"`
-	Cassette    string   `json:"cassette,omitempty"`
+	Provider     string   `json:"provider"`
+	Model        string   `json:"model,omitempty"`
+	BaseURL      string   `json:"base_url,omitempty"`
+	APIKeyEnv    string   `json:"api_key_env,omitempty"`
+	APIKeySecret string   `json:"api_key_secret,omitempty"`
+	System       string   `json:"system,omitempty"`
+	Prompt       string   `json:"prompt"`
+	MaxTokens    int      `json:"max_tokens,omitempty"`
+	Temperature  *float64 `json:"temperature,omitempty"`
+	Cassette     string   `json:"cassette,omitempty"`
 }
 
 type modelRunner struct {
-	w        modelWith
-	system   *template.Template
-	prompt   *template.Template
-	provider providers.Provider
-	source   string // "live anthropic", "replay", ... for logs
+	w      modelWith
+	system *template.Template
+	prompt *template.Template
+	env    *Env
+	source string // "live anthropic", "replay", ... for logs
+
+	// Exactly one of replay and live is set.
+	replay providers.Provider
+	live   func(apiKey string) providers.Provider
+	// The live provider's key, resolved at each call: from the secret
+	// keySecret, else from the variable keyEnv, else none (a local server).
+	keySecret, keyEnv string
+	keyRequired       bool   // keyEnv was set when the step was prepared: its absence is an error
+	record            string // cassette file to record live replies into
 }
 
 // defaultKeyEnv is where each provider's API key is read from unless the
@@ -45,6 +55,18 @@ var defaultKeyEnv = map[string]string{
 	providers.OpenAI:    "OPENAI_API_KEY",
 }
 
+// Prepare decides where the step's replies come from. The API key is read
+// when each call is made, never here; here only its presence is checked,
+// for ModelAuto's choice. Where a key may come from (the README's table):
+//
+//   - api_key_secret NAME: the secret NAME (see Secrets), sent wherever the
+//     step points;
+//   - api_key_env VAR: VAR when the worker exposes it (WAYMARK_SECRET_* or
+//     Secrets.Env), sent wherever the step points;
+//   - the provider's own variable (ANTHROPIC_API_KEY, OPENAI_API_KEY),
+//     named or by default: sent only to the provider's public API or to the
+//     URL the worker sets (Env.ProviderURLs), never to a step's base_url,
+//     which a workflow author chooses and could point at a server of theirs.
 func (modelKind) Prepare(p *Prep) (Runner, error) {
 	var w modelWith
 	if err := p.Decode(&w); err != nil {
@@ -53,14 +75,28 @@ func (modelKind) Prepare(p *Prep) (Runner, error) {
 	if w.Prompt == "" {
 		return nil, fmt.Errorf("with.prompt is required")
 	}
-	r := &modelRunner{w: w}
+	switch w.Provider {
+	case providers.Anthropic, providers.OpenAI, providers.Replay:
+	default:
+		return nil, fmt.Errorf("unknown provider %q (want anthropic, openai or replay)", w.Provider)
+	}
+	if w.APIKeyEnv != "" && w.APIKeySecret != "" {
+		return nil, fmt.Errorf("with.api_key_env and with.api_key_secret both name the key; keep one")
+	}
+	if w.APIKeySecret != "" {
+		if err := CheckSecretName(w.APIKeySecret); err != nil {
+			return nil, fmt.Errorf("with.api_key_secret: %w", err)
+		}
+	}
+	env := p.Env
+	r := &modelRunner{w: w, env: env}
 	var err error
 	if w.System != "" {
-		if r.system, err = parseTemplate(p.Step.ID+".system", w.System, p.Env); err != nil {
+		if r.system, err = parseTemplate(p.Step.ID+".system", w.System, env); err != nil {
 			return nil, err
 		}
 	}
-	if r.prompt, err = parseTemplate(p.Step.ID+".prompt", w.Prompt, p.Env); err != nil {
+	if r.prompt, err = parseTemplate(p.Step.ID+".prompt", w.Prompt, env); err != nil {
 		return nil, err
 	}
 	var replay providers.Provider
@@ -75,59 +111,132 @@ func (modelKind) Prepare(p *Prep) (Runner, error) {
 		}
 		replay = providers.NewReplay(c)
 	}
-	env := p.Env
 	mode := env.modelMode()
 	if w.Provider == providers.Replay || mode == ModelReplay {
 		if replay == nil {
 			return nil, fmt.Errorf("provider %s needs a cassette (with.cassette naming an asset)", map[bool]string{true: "replay", false: "replay mode"}[w.Provider == providers.Replay])
 		}
-		r.provider, r.source = replay, "replay"
+		r.replay, r.source = replay, "replay"
 		return r, nil
 	}
-	keyEnv := w.APIKeyEnv
-	if keyEnv == "" {
-		keyEnv = defaultKeyEnv[w.Provider]
-	}
-	key := env.getenv(keyEnv)
-	baseURL := w.BaseURL
+	baseURL, stepURL := w.BaseURL, w.BaseURL != ""
 	if u := env.providerURL(w.Provider); u != "" {
-		baseURL = u
+		baseURL, stepURL = u, false // the worker's choice, not the author's
 	}
-	live := key != "" || (w.Provider == providers.OpenAI && baseURL != "")
+	own := defaultKeyEnv[w.Provider]
+	var keyName string // for messages
+	var haveKey bool
+	switch {
+	case w.APIKeySecret != "":
+		r.keySecret, keyName = w.APIKeySecret, "secret "+w.APIKeySecret
+		// A secret is the worker's business: when this one has none, the
+		// call fails naming it, unless a cassette can answer in auto mode.
+		haveKey = env.hasSecret(w.APIKeySecret) || replay == nil || mode == ModelLive
+	case w.APIKeyEnv != "":
+		v := w.APIKeyEnv
+		if !env.exposesEnv(v) && (v != own || stepURL) {
+			if v == own {
+				return nil, fmt.Errorf("with.api_key_env %s: the provider's own key is sent only to its public API or to the URL the worker sets, not to a step's base_url; name a secret with api_key_secret, or have the worker expose %s with --secret-env %s", v, v, v)
+			}
+			return nil, fmt.Errorf("with.api_key_env %s: this worker does not expose %s to workflows; name a secret with api_key_secret (a file in --secrets-dir, or %s<NAME>), or start the worker with --secret-env %s", v, v, SecretEnvPrefix, v)
+		}
+		r.keyEnv, keyName = v, v
+		haveKey = env.getenv(v) != ""
+	case !stepURL:
+		r.keyEnv, keyName = own, own
+		haveKey = env.getenv(own) != ""
+	default:
+		// A step's own base_url is not sent the provider's own key.
+		keyName = "no key for a step with its own base_url (name one with api_key_secret; " + own + " goes only to the provider's API)"
+	}
+	live := haveKey || (w.Provider == providers.OpenAI && baseURL != "")
 	if !live {
+		missing := keyName + " is not set"
+		if r.keyEnv == "" && r.keySecret == "" {
+			missing = keyName
+		}
 		if mode == ModelLive {
-			return nil, fmt.Errorf("provider %s: %s is not set", w.Provider, keyEnv)
+			return nil, fmt.Errorf("provider %s: %s", w.Provider, missing)
 		}
 		if replay == nil {
-			return nil, fmt.Errorf("provider %s: %s is not set and the step has no cassette to replay", w.Provider, keyEnv)
+			return nil, fmt.Errorf("provider %s: %s and the step has no cassette to replay", w.Provider, missing)
 		}
-		r.provider, r.source = replay, "replay"
+		r.replay, r.source = replay, "replay"
 		return r, nil
 	}
 	if w.Model == "" {
 		return nil, fmt.Errorf("with.model is required for provider %s", w.Provider)
 	}
-	if key == "" {
-		key = "unused" // local OpenAI-compatible servers ignore it
-	}
-	cfg := providers.Config{APIKey: key, BaseURL: baseURL, HTTPClient: env.HTTPClient}
+	r.keyRequired = r.keyEnv != "" && haveKey
+	cfg := providers.Config{BaseURL: baseURL, HTTPClient: env.HTTPClient}
 	switch w.Provider {
 	case providers.Anthropic:
-		r.provider = providers.NewAnthropic(cfg)
-	case providers.OpenAI:
-		r.provider = providers.NewOpenAI(cfg)
+		r.live = func(key string) providers.Provider { c := cfg; c.APIKey = key; return providers.NewAnthropic(c) }
 	default:
-		return nil, fmt.Errorf("unknown provider %q (want anthropic, openai or replay)", w.Provider)
+		r.live = func(key string) providers.Provider { c := cfg; c.APIKey = key; return providers.NewOpenAI(c) }
 	}
 	r.source = "live " + w.Provider
 	if path := env.getenv(RecordCassetteEnv); path != "" {
-		r.provider = providers.NewRecorder(r.provider, path)
+		r.record = path
 		r.source += " (recording to " + path + ")"
 	}
 	return r, nil
 }
 
+// provider returns the provider for call c: the replay, or a live one with
+// the key read now, remembered by c for scrubbing.
+func (r *modelRunner) provider(c *Call) (providers.Provider, error) {
+	if r.live == nil {
+		return r.replay, nil
+	}
+	key := ""
+	switch {
+	case r.keySecret != "":
+		v, err := c.secretFrom(r.env, r.keySecret)
+		if err != nil {
+			return nil, err
+		}
+		key = v
+	case r.keyEnv != "":
+		key = r.env.getenv(r.keyEnv)
+		if key != "" {
+			c.scrubber().addSecret(r.keyEnv, key)
+		}
+	}
+	if key == "" {
+		if r.keyRequired {
+			return nil, NotPerformed(NonRetryable(fmt.Errorf("provider %s: %s is not set", r.w.Provider, r.keyEnv)))
+		}
+		key = "unused" // local OpenAI-compatible servers ignore it
+	}
+	var p providers.Provider = scrubbingProvider{live: r.live(key), s: c.scrubber()}
+	if r.record != "" {
+		p = providers.NewRecorder(p, r.record)
+	}
+	return p, nil
+}
+
+// scrubbingProvider scrubs a live reply of the call's secrets before
+// anything sees it: the recorder that writes cassettes, the parser, the
+// error that quotes a reply that is not JSON.
+type scrubbingProvider struct {
+	live providers.Provider
+	s    *scrubber
+}
+
+func (p scrubbingProvider) Complete(ctx context.Context, req providers.Request) (providers.Reply, error) {
+	reply, err := p.live.Complete(ctx, req)
+	reply.Text, reply.Model, reply.StopReason = p.s.outputText(reply.Text), p.s.outputText(reply.Model), p.s.outputText(reply.StopReason)
+	return reply, err
+}
+
+// Run renders the prompt, asks the provider and parses the reply. The
+// error and the output are scrubbed of the call's key.
 func (r *modelRunner) Run(ctx context.Context, c *Call) (any, error) {
+	return c.scrubResult(r.run(ctx, c))
+}
+
+func (r *modelRunner) run(ctx context.Context, c *Call) (any, error) {
 	data, err := c.TemplateData()
 	if err != nil {
 		return nil, NonRetryable(err)
@@ -141,7 +250,11 @@ func (r *modelRunner) Run(ctx context.Context, c *Call) (any, error) {
 	if req.Prompt, err = render(r.prompt, data); err != nil {
 		return nil, NonRetryable(err)
 	}
-	reply, err := r.provider.Complete(ctx, req)
+	provider, err := r.provider(c)
+	if err != nil {
+		return nil, err
+	}
+	reply, err := provider.Complete(ctx, req)
 	if err != nil {
 		return nil, providerError(r.source, err)
 	}

@@ -73,6 +73,7 @@ func setupModel(t *testing.T, w liveWire, h fakemodel.Handler, mode string, vars
 		Getenv:       func(k string) string { return b.vars[k] },
 		HTTPClient:   srv.Client(),
 		ProviderURLs: map[string]string{w.provider: srv.URL()},
+		Secrets:      Secrets{Env: []string{"TEAM_KEY"}}, // the worker exposes it to workflows
 	}
 	return b
 }

@@ -71,6 +71,9 @@ type Call struct {
 
 	stateDoc map[string]any
 	lazy     *lazyLog // the worker's logger for this attempt, built on first use
+
+	scrubMu sync.Mutex
+	scrub   *scrubber // what this attempt must hide; see scrub.go
 }
 
 // Logger returns the logger for this attempt: Log when set, else the
@@ -188,12 +191,20 @@ func (r *Registry) Names() []string {
 
 // Check returns a schemas.CheckFunc that reports steps whose kind is not
 // registered here (unless allowed lists it: kinds only remote workers
-// know) and steps whose settings their kind rejects.
+// know), steps whose settings their kind rejects, and idempotency_key
+// templates that do not parse or read a secret.
 func (r *Registry) Check(env *Env, allowed ...string) schemas.CheckFunc {
 	return func(def *schemas.Definition) []schemas.Problem {
 		var ps []schemas.Problem
 		for i := range def.Steps {
 			s := &def.Steps[i]
+			if s.IdempotencyKey != "" {
+				// Every worker renders it, whatever the kind; it names a
+				// ledger record, so it may not read secrets.
+				if _, err := parseTemplate(s.ID+".idempotency_key", s.IdempotencyKey, env); err != nil {
+					ps = append(ps, schemas.Problem{Path: fmt.Sprintf("/steps/%d/idempotency_key", i), Message: err.Error()})
+				}
+			}
 			k, ok := r.Lookup(s.Kind)
 			if !ok {
 				if contains(allowed, s.Kind) {

@@ -430,6 +430,7 @@ func safeRun(ctx context.Context, r Runner, c *Call) (out any, err error) {
 			buf = buf[:runtime.Stack(buf, false)]
 			err = NonRetryable(fmt.Errorf("step panicked: %v\n%s", p, buf))
 		}
+		out, err = c.scrubResult(out, err) // no secret the call resolved leaves the worker
 	}()
 	return r.Run(ctx, c)
 }

@@ -34,6 +34,8 @@ import (
 type stepFlags struct {
 	services   []string
 	modelMode  string
+	secretsDir string
+	secretEnv  []string
 	allowKinds []string
 	flags      *pflag.FlagSet // set by bind
 }
@@ -43,7 +45,18 @@ func (s *stepFlags) bind(cmd *cobra.Command) {
 	s.flags = f
 	f.StringArrayVar(&s.services, "service", nil, "name=URL of a service that step templates reach as {{service \"name\"}} (repeatable)")
 	f.StringVar(&s.modelMode, "model-mode", envOr("WAYMARK_MODEL_MODE", steps.ModelAuto), "model steps: auto (live when the API key is set, else the cassette), live or replay (env WAYMARK_MODEL_MODE)")
+	f.StringVar(&s.secretsDir, "secrets-dir", envOr("WAYMARK_SECRETS_DIR", os.Getenv("CREDENTIALS_DIRECTORY")),
+		"directory of secret files for {{secret \"NAME\"}}, one file per secret (env WAYMARK_SECRETS_DIR; default systemd's $CREDENTIALS_DIRECTORY)")
+	var fromEnv []string
+	for _, n := range strings.Split(os.Getenv("WAYMARK_SECRETS_ENV"), ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			fromEnv = append(fromEnv, n)
+		}
+	}
+	f.StringArrayVar(&s.secretEnv, "secret-env", fromEnv, "expose the environment variable NAME to workflows as the secret NAME, besides WAYMARK_SECRET_* (repeatable; env WAYMARK_SECRETS_ENV, comma-separated)")
 }
+
+var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 func (s *stepFlags) env() (*steps.Env, error) {
 	switch s.modelMode {
@@ -55,7 +68,29 @@ func (s *stepFlags) env() (*steps.Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &steps.Env{Services: svc, ModelMode: s.modelMode}, nil
+	if s.secretsDir != "" {
+		var problem error
+		fi, err := os.Stat(s.secretsDir)
+		switch {
+		case err != nil:
+			problem = errors.Unwrap(err) // the path is in the message already
+		case !fi.IsDir():
+			problem = errors.New("not a directory")
+		}
+		if problem != nil {
+			what := flagValue(s.flags, "secrets-dir", "WAYMARK_SECRETS_DIR", s.secretsDir)
+			if os.Getenv("WAYMARK_SECRETS_DIR") == "" && s.secretsDir == os.Getenv("CREDENTIALS_DIRECTORY") && (s.flags == nil || !s.flags.Changed("secrets-dir")) {
+				what += " (from CREDENTIALS_DIRECTORY)"
+			}
+			return nil, fmt.Errorf("%s: %w", what, problem)
+		}
+	}
+	for _, n := range s.secretEnv {
+		if !envNameRE.MatchString(n) || steps.CheckSecretName(n) != nil {
+			return nil, fmt.Errorf("--secret-env %q: want an environment variable name (letters, digits and '_', not starting with a digit)", n)
+		}
+	}
+	return &steps.Env{Services: svc, ModelMode: s.modelMode, Secrets: steps.Secrets{Dir: s.secretsDir, Env: s.secretEnv}}, nil
 }
 
 type runFlags struct {
