@@ -51,6 +51,9 @@ func ParseEffectKey(stepID, text string) (*template.Template, error) {
 		return nil, nil
 	}
 	t, err := template.New(stepID + ".idempotency_key").Option("missingkey=error").Funcs(effectKeyFuncs()).Parse(text)
+	if err != nil && strings.Contains(err.Error(), `function "secret" not defined`) {
+		return nil, fmt.Errorf("template %s.idempotency_key: {{secret}} is not allowed here: an idempotency key is stored (in the ledger, the checkpoint and the history) and sent in the clear", stepID)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("idempotency_key: %w", err)
 	}

@@ -198,13 +198,9 @@ func (r *Registry) Check(env *Env, allowed ...string) schemas.CheckFunc {
 		var ps []schemas.Problem
 		for i := range def.Steps {
 			s := &def.Steps[i]
-			if s.IdempotencyKey != "" {
-				// Every worker renders it, whatever the kind; it names a
-				// ledger record, so it may not read secrets.
-				if _, err := parseTemplate(s.ID+".idempotency_key", s.IdempotencyKey, env); err != nil {
-					ps = append(ps, schemas.Problem{Path: fmt.Sprintf("/steps/%d/idempotency_key", i), Message: err.Error()})
-				}
-			}
+			// idempotency_key templates are checked by the loader itself
+			// (schemas.ParseEffectKey): the engine renders them, and they may
+			// not read secrets.
 			k, ok := r.Lookup(s.Kind)
 			if !ok {
 				if contains(allowed, s.Kind) {
