@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/waymark-dev/waymark/engine"
+	"github.com/waymark-dev/waymark/internal/cliflags"
 	"github.com/waymark-dev/waymark/internal/demo"
 	"github.com/waymark-dev/waymark/internal/failpoint"
 	"github.com/waymark-dev/waymark/internal/natsserver"
@@ -38,23 +39,11 @@ type stepFlags struct {
 }
 
 func (s *stepFlags) bind(cmd *cobra.Command) {
-	f := cmd.Flags()
-	s.flags = f
-	f.StringArrayVar(&s.services, "service", nil, "name=URL of a service that step templates reach as {{service \"name\"}} (repeatable)")
-	f.StringVar(&s.modelMode, "model-mode", envOr("WAYMARK_MODEL_MODE", steps.ModelAuto), "model steps: auto (live when the API key is set, else the cassette), live or replay (env WAYMARK_MODEL_MODE)")
+	s.flags = cliflags.BindStepFlags(cmd, &s.services, &s.modelMode)
 }
 
 func (s *stepFlags) env() (*steps.Env, error) {
-	switch s.modelMode {
-	case steps.ModelAuto, steps.ModelLive, steps.ModelReplay:
-	default:
-		return nil, fmt.Errorf("%s: want auto, live or replay", flagValue(s.flags, "model-mode", "WAYMARK_MODEL_MODE", s.modelMode))
-	}
-	svc, err := steps.ParseServices(s.services)
-	if err != nil {
-		return nil, err
-	}
-	return &steps.Env{Services: svc, ModelMode: s.modelMode}, nil
+	return (&cliflags.StepFlags{Services: s.services, ModelMode: s.modelMode, Flags: s.flags}).Env()
 }
 
 type runFlags struct {
@@ -139,7 +128,7 @@ func (g *globals) startStack(ctx context.Context, emb *embeddedFlags, o stackOpt
 	}
 	var err error
 	if g.natsURL != "" {
-		s.nc, err = g.connect("waymark-engine")
+		s.nc, err = g.connectWaiting(ctx, "waymark-engine", o.log)
 	} else {
 		s.srv, err = emb.start(o.listen, o.log)
 		if err == nil {
@@ -149,6 +138,7 @@ func (g *globals) startStack(ctx context.Context, emb *embeddedFlags, o stackOpt
 	if err != nil {
 		return fail(err)
 	}
+	o.kvConfig.TuneConsumers = o.engines > 0 // only an engine changes a shared consumer's tuning
 	if s.store, err = g.openStore(ctx, s.nc, o.kvConfig, o.log); err != nil {
 		return fail(err)
 	}
