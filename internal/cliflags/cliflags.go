@@ -227,7 +227,11 @@ func ConnectWaiting(ctx context.Context, url, creds, name string, log *slog.Logg
 	if nc.IsConnected() {
 		return nc, nil
 	}
-	log.Warn("NATS server not reachable; waiting for it", "url", url, "retry_in", ReconnectBase)
+	args := []any{"url", url}
+	if err := nc.LastError(); err != nil {
+		args = append(args, "err", err)
+	}
+	log.Warn("NATS server not reachable; waiting for it, retrying with backoff", args...)
 	select {
 	case <-connected:
 		log.Info("connected to NATS", "url", nc.ConnectedUrlRedacted())
