@@ -746,7 +746,10 @@ func (s *Store) ensureConsumerFor(ctx context.Context, stream string, cfg jetstr
 		return c, nil
 	}
 	if !s.Config.TuneConsumers {
-		return c, s.judge(resource, tuning)
+		if err := s.judge(resource, tuning); err != nil {
+			return nil, err
+		}
+		return c, nil
 	}
 	upd := have
 	upd.AckWait, upd.MaxDeliver, upd.MaxAckPending, upd.BackOff = cfg.AckWait, cfg.MaxDeliver, cfg.MaxAckPending, nil
