@@ -86,8 +86,9 @@ func (c *Checkpoints) Encode(cp *schemas.Checkpoint) ([]byte, error) {
 	return data, nil
 }
 
-// Create stores cp for a new job and returns its revision. Errors:
-// schemas.ErrConflict if the job exists; schemas.ErrTooLarge;
+// Create stores cp for a new job and returns its revision. A job whose
+// checkpoint was deleted or purged counts as absent (as with
+// jetstream.KeyValue.Create). Errors: schemas.ErrConflict if the job exists; schemas.ErrTooLarge;
 // jetstream.ErrInvalidKey if the job id cannot be a KV key.
 func (c *Checkpoints) Create(ctx context.Context, cp *schemas.Checkpoint) (uint64, error) {
 	return c.write(ctx, cp, 0)
@@ -117,10 +118,15 @@ type PendingWrite struct {
 	rev  uint64
 	size int
 	f    jetstream.PubAckFuture
+	kv   jetstream.KeyValue // for a create that met a delete or purge marker
+	data []byte
 }
 
 // WriteAsync starts a compare-and-swap write of cp expecting revision rev
-// (0: the job must not exist) without waiting for the server. Many writes
+// (0: the job must not exist; a delete or purge marker counts as absent,
+// and Wait then writes over it with a compare-and-swap on the marker's
+// revision, as jetstream.KeyValue.Create does) without waiting for the
+// server. Many writes
 // may be in flight at once; Wait collects each outcome. The expected
 // revision travels as Nats-Expected-Last-Subject-Sequence (ADR-8, KV). A
 // job id that is not a valid KV key gives jetstream.ErrInvalidKey.
@@ -141,7 +147,7 @@ func (c *Checkpoints) WriteAsync(cp *schemas.Checkpoint, rev uint64) (*PendingWr
 	if err != nil {
 		return nil, fmt.Errorf("write checkpoint %s: %w", cp.JobID, err)
 	}
-	return &PendingWrite{job: cp.JobID, rev: rev, size: len(data), f: f}, nil
+	return &PendingWrite{job: cp.JobID, rev: rev, size: len(data), f: f, kv: c.kv, data: data}, nil
 }
 
 // Wait blocks until the write is acknowledged or ctx ends, and returns the
@@ -154,6 +160,17 @@ func (p *PendingWrite) Wait(ctx context.Context) (uint64, error) {
 	case ack := <-p.f.Ok():
 		return ack.Sequence, nil
 	case err := <-p.f.Err():
+		if isRevisionConflict(err) && p.rev == 0 {
+			// The key may hold a delete or purge marker (a job removed by a
+			// sweep) rather than a checkpoint: KeyValue.Create writes over
+			// a marker with a compare-and-swap on its revision, and
+			// reports a live key as existing.
+			rev, cerr := p.kv.Create(ctx, p.job, p.data)
+			if cerr == nil {
+				return rev, nil
+			}
+			err = cerr
+		}
 		if isRevisionConflict(err) {
 			if p.rev == 0 {
 				return 0, schemas.Errorf(schemas.CodeConflict, "job %s already exists", p.job).WithCause(err)

@@ -20,6 +20,10 @@ type Definitions struct {
 
 	mu    sync.Mutex
 	cache map[string]*schemas.Definition
+
+	// beforePointerWrite, when set (tests), runs between reading the name
+	// pointer and writing it.
+	beforePointerWrite func()
 }
 
 const maxCachedDefinitions = 512
@@ -37,6 +41,17 @@ type latest struct {
 // Put stores def under its hash (create-only: an existing entry is the same
 // bytes) and points name.<workflow> at it. Storing never changes a job
 // already started: jobs pin the hash.
+//
+// The pointer names the workflow's latest definition: the one stored last,
+// in the order of the pointer's compare-and-swaps (create-only when
+// absent, else on the revision read), so storing an older version on
+// purpose (a rollback) moves it back. Two stores racing are told apart
+// from a rollback by the swap: one whose swap fails because another store
+// moved the pointer after it read keeps what it then finds unless its own
+// version is higher, so a race never moves the pointer to an older
+// version, and of two racing stores of one version the first to land
+// stays. Errors: the write's, wrapped with the workflow's name and
+// version; the pointer may then still name the previous definition.
 func (d *Definitions) Put(ctx context.Context, def *schemas.Definition) error {
 	if def.Hash == "" || len(def.Canonical()) == 0 {
 		return fmt.Errorf("store definition %s: not loaded through schemas.Load", def.Name)
@@ -45,12 +60,45 @@ func (d *Definitions) Put(ctx context.Context, def *schemas.Definition) error {
 	if err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
 		return fmt.Errorf("store definition %s@%d (%s): %w", def.Name, def.Version, def.Hash[:12], err)
 	}
-	ptr, _ := json.Marshal(latest{Hash: def.Hash, Version: def.Version})
-	if _, err := d.kv.Put(ctx, "name."+def.Name, ptr); err != nil {
-		return fmt.Errorf("store definition pointer %s: %w", def.Name, err)
+	if err := d.point(ctx, def); err != nil {
+		return fmt.Errorf("store definition pointer %s@%d: %w", def.Name, def.Version, err)
 	}
 	d.remember(def)
 	return nil
+}
+
+// point moves name.<workflow> to def (see Put for the rule).
+func (d *Definitions) point(ctx context.Context, def *schemas.Definition) error {
+	key := "name." + def.Name
+	ptr, _ := json.Marshal(latest{Hash: def.Hash, Version: def.Version})
+	for raced := false; ; raced = true {
+		var rev uint64
+		e, err := d.kv.Get(ctx, key)
+		switch {
+		case err == nil:
+			rev = e.Revision()
+			var cur latest
+			// A pointer that does not decode is replaced; it only ever
+			// names what is also stored by hash.
+			if json.Unmarshal(e.Value(), &cur) == nil && (cur.Hash == def.Hash || raced && cur.Version >= def.Version) {
+				return nil
+			}
+		case !errors.Is(err, jetstream.ErrKeyNotFound):
+			return err
+		}
+		if d.beforePointerWrite != nil {
+			d.beforePointerWrite()
+		}
+		if rev == 0 {
+			_, err = d.kv.Create(ctx, key, ptr)
+		} else {
+			_, err = d.kv.Update(ctx, key, ptr, rev)
+		}
+		if err == nil || !isRevisionConflict(err) {
+			return err
+		}
+		// Another store moved the pointer since the read: a race.
+	}
 }
 
 // Get returns the definition with the given hash. Errors:

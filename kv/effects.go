@@ -46,8 +46,10 @@ func (e *Effects) Get(ctx context.Context, key string) (EffectEntry, error) {
 	return EffectEntry{Record: &r, Revision: ent.Revision()}, nil
 }
 
-// Create writes a new record (create-only) and returns its revision.
-// Errors: schemas.ErrConflict if the key exists; schemas.ErrTooLarge.
+// Create writes a new record (create-only) and returns its revision. A
+// key whose record was deleted or purged (a retention sweep) counts as
+// absent, as with jetstream.KeyValue.Create. Errors: schemas.ErrConflict
+// if the key exists; schemas.ErrTooLarge.
 func (e *Effects) Create(ctx context.Context, r *schemas.EffectRecord) (uint64, error) {
 	return e.write(ctx, r, 0)
 }
@@ -77,6 +79,15 @@ func (e *Effects) write(ctx context.Context, r *schemas.EffectRecord, rev uint64
 	m.Data = data
 	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
 	ack, err := e.js.PublishMsg(ctx, m)
+	if err != nil && rev == 0 && isRevisionConflict(err) {
+		// A record removed by a sweep leaves a delete or purge marker:
+		// KeyValue.Create writes over one with a compare-and-swap on its
+		// revision, and reports a live record as existing.
+		var seq uint64
+		if seq, err = e.kv.Create(ctx, r.Key, data); err == nil {
+			return seq, nil
+		}
+	}
 	if err != nil {
 		if isRevisionConflict(err) {
 			return 0, schemas.Errorf(schemas.CodeConflict, "effect %s changed since revision %d", r.Key, rev).WithCause(err)

@@ -8,11 +8,15 @@ import (
 	"math"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
+
+	"github.com/waymark-dev/waymark/schemas"
 )
 
 // Defaults for Config. Each is the value a zero field takes.
@@ -92,6 +96,17 @@ type Config struct {
 	// negative keeps finished jobs forever. Nothing of a job that has not
 	// finished is ever removed.
 	JobRetention time.Duration `json:"job_retention,omitempty"`
+	// TuneConsumers lets this process change the tuning of existing
+	// shared consumers (ack wait, max deliver, max ack pending, backoff)
+	// to this Config's values: the engine consumer and every pool's work
+	// consumer, each change logged at info with the old and new value.
+	// Engines set it (engine run, engine serve); workers and the CLI
+	// leave it false, so that a process started with other settings never
+	// rewrites what the others rely on: it logs the difference at warn and
+	// works with the consumer as it is (a worker refuses a work consumer
+	// whose ack wait is shorter than its own, see EnsureWorkConsumer).
+	// Consumers that are absent are created with this Config either way.
+	TuneConsumers bool `json:"tune_consumers,omitempty"`
 }
 
 var prefixRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,31}$`)
@@ -254,6 +269,9 @@ type Store struct {
 	History     *History // the history stream
 	Queues      *Queues  // facts about the work and inbox queues
 	log         *slog.Logger
+
+	// testEpochHook, when set (tests), runs at each stage of MarkQueues.
+	testEpochHook func(stage string)
 }
 
 // KeepsFinishedJobs reports whether finished jobs are kept forever
@@ -283,6 +301,9 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config, log *slog.Log
 	}
 	s.History = &History{stream: hist, js: js, names: s.Names}
 	s.Queues = &Queues{js: js, names: s.Names}
+	if err := s.tuneWorkConsumers(ctx); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -415,10 +436,8 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 			return nil, nil, err
 		}
 	}
-	if recorded != queues {
-		if _, err := defs.Put(ctx, queueStorageKey, []byte(queues)); err != nil {
-			return nil, nil, fmt.Errorf("record queue storage: %w", err)
-		}
+	if err := s.recordQueueStorage(ctx, defs, queues, recorded); err != nil {
+		return nil, nil, err
 	}
 	if _, err := s.ensureConsumer(ctx, n.InboxStream, jetstream.ConsumerConfig{
 		Durable:       n.EngineConsumer,
@@ -435,9 +454,14 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 }
 
 // EnsureWorkConsumer creates pool's work consumer if absent and returns it.
+// An existing one is checked as Open checks the engine consumer (its
+// tuning changed only under Config.TuneConsumers); without TuneConsumers,
+// an ack wait shorter than Config.WorkAckWait is ErrIncompatible, because
+// a worker times its heartbeats by WorkAckWait and the step's lease could
+// run out between two of them.
 func (s *Store) EnsureWorkConsumer(ctx context.Context, pool string) (jetstream.Consumer, error) {
 	n, c := s.Names, s.Config
-	return s.ensureConsumer(ctx, n.WorkStream, jetstream.ConsumerConfig{
+	return s.ensureConsumerFor(ctx, n.WorkStream, jetstream.ConsumerConfig{
 		Durable:       n.WorkConsumer(pool),
 		Description:   "Waymark workers of pool " + pool,
 		FilterSubject: n.WorkFilter(pool),
@@ -446,7 +470,7 @@ func (s *Store) EnsureWorkConsumer(ctx context.Context, pool string) (jetstream.
 		MaxDeliver:    c.WorkMaxDeliver,
 		MaxAckPending: c.MaxAckPending,
 		Metadata:      map[string]string{"waymark_layout": LayoutVersion, "waymark_pool": pool},
-	})
+	}, true)
 }
 
 // EngineConsumer returns the engines' inbox consumer.
@@ -458,81 +482,335 @@ func (s *Store) EngineConsumer(ctx context.Context) (jetstream.Consumer, error) 
 	return c, nil
 }
 
+// The start-up checks. Every setting Waymark relies on is compared with
+// what an existing stream, bucket or consumer has. A difference Waymark
+// cannot work with (data would expire, be dropped silently, or land where
+// no one reads it) stops Open with ErrIncompatible, naming the resource,
+// the setting, what it has and what is needed; a tolerable one is logged
+// at warn and the resource is kept as it is. The README's Data layout
+// section has the table.
+
+// mismatch is one setting of an existing resource that differs from what
+// Waymark would create.
+type mismatch struct {
+	setting    string // as the nats CLI names it: "max age", "discard"
+	have, want string
+	fatal      bool   // Waymark cannot work with have
+	why        string // what follows from have
+}
+
+// judge logs the tolerable mismatches of resource (e.g. "stream
+// WAYMARK_WORK") at warn and returns ErrIncompatible naming every fatal
+// one.
+func (s *Store) judge(resource string, ms []mismatch) error {
+	var fatal []string
+	for _, m := range ms {
+		if m.fatal {
+			fatal = append(fatal, fmt.Sprintf("has %s %s, Waymark needs %s: %s", m.setting, m.have, m.want, m.why))
+			continue
+		}
+		s.log.Warn("JetStream resource differs from this process's settings; keeping it as it is",
+			"resource", resource, "setting", m.setting, "have", m.have, "want", m.want, "effect", m.why)
+	}
+	if len(fatal) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s %s (fix it with the nats CLI, delete it, or choose another prefix): %w",
+		resource, strings.Join(fatal, "; "), ErrIncompatible)
+}
+
+func retentionName(r jetstream.RetentionPolicy) string {
+	switch r {
+	case jetstream.LimitsPolicy:
+		return "limits"
+	case jetstream.InterestPolicy:
+		return "interest"
+	case jetstream.WorkQueuePolicy:
+		return "workqueue"
+	}
+	return r.String()
+}
+
+func storageName(t jetstream.StorageType) string {
+	switch t {
+	case jetstream.FileStorage:
+		return "file"
+	case jetstream.MemoryStorage:
+		return "memory"
+	}
+	return t.String()
+}
+
+func discardName(d jetstream.DiscardPolicy) string {
+	switch d {
+	case jetstream.DiscardOld:
+		return "old"
+	case jetstream.DiscardNew:
+		return "new"
+	}
+	return d.String()
+}
+
+// ageName prints a max age or TTL, where 0 means none.
+func ageName(d time.Duration) string {
+	if d == 0 {
+		return "0 (none)"
+	}
+	return d.String()
+}
+
+// hasLimit reports whether a stream has a count or size limit beyond
+// which its discard policy acts.
+func hasLimit(c jetstream.StreamConfig) bool {
+	return c.MaxMsgs > 0 || c.MaxBytes > 0 || (c.MaxMsgsPerSubject > 0 && c.DiscardNewPerSubject)
+}
+
 func (s *Store) ensureBucket(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	kv, err := s.JS.KeyValue(ctx, cfg.Bucket)
-	if err == nil {
-		st, err := kv.Status(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("status of bucket %s: %w", cfg.Bucket, err)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = s.JS.CreateKeyValue(ctx, cfg)
+		if err == nil {
+			s.log.Debug("created bucket", "bucket", cfg.Bucket)
+			return kv, nil
 		}
-		if st.History() < 1 {
-			return nil, fmt.Errorf("bucket %s: history %d: %w", cfg.Bucket, st.History(), ErrIncompatible)
+		if !errors.Is(err, jetstream.ErrBucketExists) {
+			return nil, fmt.Errorf("create bucket %s: %w", cfg.Bucket, err)
 		}
-		return kv, nil
-	}
-	if !errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, fmt.Errorf("open bucket %s: %w", cfg.Bucket, err)
-	}
-	kv, err = s.JS.CreateKeyValue(ctx, cfg)
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		return s.JS.KeyValue(ctx, cfg.Bucket)
+		// Another process created it first, perhaps with other settings:
+		// check it like any existing bucket.
+		kv, err = s.JS.KeyValue(ctx, cfg.Bucket)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("create bucket %s: %w", cfg.Bucket, err)
+		return nil, fmt.Errorf("open bucket %s: %w", cfg.Bucket, err)
 	}
-	s.log.Debug("created bucket", "bucket", cfg.Bucket)
+	st, err := s.JS.Stream(ctx, "KV_"+cfg.Bucket)
+	if err != nil {
+		return nil, fmt.Errorf("settings of bucket %s: %w", cfg.Bucket, err)
+	}
+	if err := s.judge("bucket "+cfg.Bucket, bucketMismatches(cfg, st.CachedInfo().Config)); err != nil {
+		return nil, err
+	}
 	return kv, nil
+}
+
+// bucketMismatches compares an existing bucket's stream with want.
+func bucketMismatches(want jetstream.KeyValueConfig, have jetstream.StreamConfig) []mismatch {
+	var ms []mismatch
+	if have.MaxMsgsPerSubject < 1 {
+		ms = append(ms, mismatch{"history", strconv.FormatInt(have.MaxMsgsPerSubject, 10), strconv.Itoa(int(want.History)), true,
+			"a bucket without a history limit keeps every revision of every key"})
+	} else if have.MaxMsgsPerSubject != int64(want.History) {
+		ms = append(ms, mismatch{"history", strconv.FormatInt(have.MaxMsgsPerSubject, 10), strconv.Itoa(int(want.History)), false,
+			"older revisions are kept too: more storage, nothing else"})
+	}
+	if have.MaxAge != want.TTL {
+		ms = append(ms, mismatch{"ttl", ageName(have.MaxAge), ageName(want.TTL), true,
+			"entries would expire: checkpoints of jobs, effect records (their dedup) and pinned definitions would vanish"})
+	}
+	if have.Storage != want.Storage {
+		ms = append(ms, mismatch{"storage", storageName(have.Storage), storageName(want.Storage), true,
+			"this process is configured for the other storage (memory loses everything in a server restart)"})
+	}
+	if have.Discard == jetstream.DiscardOld && hasLimit(have) {
+		ms = append(ms, mismatch{"discard", discardName(have.Discard), "new (with a size or count limit)", true,
+			"a full bucket would drop its oldest keys without telling anyone"})
+	}
+	if !have.AllowRollup {
+		ms = append(ms, mismatch{"rollup", "false", "true", true, "keys cannot be purged (retention sweeps)"})
+	}
+	if have.Sealed {
+		ms = append(ms, mismatch{"sealed", "true", "false", true, "nothing can be written"})
+	}
+	if have.MaxMsgSize > 0 && have.MaxMsgSize < want.MaxValueSize {
+		ms = append(ms, mismatch{"max value size", strconv.Itoa(int(have.MaxMsgSize)), strconv.Itoa(int(want.MaxValueSize)), false,
+			"larger values are refused as too large"})
+	}
+	if have.Replicas != want.Replicas {
+		ms = append(ms, mismatch{"replicas", strconv.Itoa(have.Replicas), strconv.Itoa(want.Replicas), false,
+			"kept as they are (WAYMARK_REPLICAS applies to new resources)"})
+	}
+	return ms
 }
 
 func (s *Store) ensureStream(ctx context.Context, cfg jetstream.StreamConfig) error {
 	st, err := s.JS.Stream(ctx, cfg.Name)
-	if err == nil {
-		have := st.CachedInfo().Config
-		switch {
-		case have.Retention != cfg.Retention:
-			return fmt.Errorf("stream %s has retention %v, Waymark needs %v (delete it or choose another prefix): %w", cfg.Name, have.Retention, cfg.Retention, ErrIncompatible)
-		case !slices.Equal(have.Subjects, cfg.Subjects):
-			return fmt.Errorf("stream %s has subjects %v, Waymark needs %v: %w", cfg.Name, have.Subjects, cfg.Subjects, ErrIncompatible)
-		case have.Storage != cfg.Storage:
-			return fmt.Errorf("stream %s keeps its messages in %v storage, the config asks for %v (WAYMARK_QUEUE_STORAGE): delete the stream or keep its storage: %w", cfg.Name, have.Storage, cfg.Storage, ErrIncompatible)
-		case have.Duplicates != cfg.Duplicates:
-			s.log.Warn("stream duplicate window differs from config; keeping the stream's", "stream", cfg.Name, "have", have.Duplicates, "want", cfg.Duplicates)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		_, err = s.JS.CreateStream(ctx, cfg)
+		if err == nil {
+			s.log.Debug("created stream", "stream", cfg.Name)
+			return nil
 		}
-		return nil
+		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return fmt.Errorf("create stream %s: %w", cfg.Name, err)
+		}
+		// Another process created it first, perhaps with other settings
+		// (another queue storage): check it like any existing stream.
+		st, err = s.JS.Stream(ctx, cfg.Name)
 	}
-	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+	if err != nil {
 		return fmt.Errorf("open stream %s: %w", cfg.Name, err)
 	}
-	if _, err := s.JS.CreateStream(ctx, cfg); err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return fmt.Errorf("create stream %s: %w", cfg.Name, err)
+	return s.judge("stream "+cfg.Name, s.streamMismatches(cfg, st.CachedInfo().Config))
+}
+
+// streamMismatches compares an existing stream with want.
+func (s *Store) streamMismatches(want, have jetstream.StreamConfig) []mismatch {
+	n := s.Names
+	queue := want.Name == n.WorkStream || want.Name == n.InboxStream
+	what := map[string]string{n.WorkStream: "step messages", n.InboxStream: "starts and results", n.HistoryStream: "history events", n.EpochStream: "the queue epoch marker"}[want.Name]
+	var ms []mismatch
+	if have.Retention != want.Retention {
+		ms = append(ms, mismatch{"retention", retentionName(have.Retention), retentionName(want.Retention), true,
+			"messages would be kept or removed on other terms than Waymark's"})
 	}
-	s.log.Debug("created stream", "stream", cfg.Name)
-	return nil
+	if !slices.Equal(have.Subjects, want.Subjects) {
+		ms = append(ms, mismatch{"subjects", fmt.Sprint(have.Subjects), fmt.Sprint(want.Subjects), true,
+			"messages would land where no one reads them, or be refused"})
+	}
+	if have.Storage != want.Storage {
+		why := "this process is configured for the other storage"
+		if want.Name != n.HistoryStream {
+			why = "the config asks for the other (WAYMARK_QUEUE_STORAGE): delete the stream or keep its storage"
+		}
+		ms = append(ms, mismatch{"storage", storageName(have.Storage), storageName(want.Storage), true, why})
+	}
+	switch {
+	case want.MaxAge == 0 && have.MaxAge != 0 && want.Name != n.HistoryStream:
+		why := what + " would expire before they are handled"
+		if want.Name == n.EpochStream {
+			why = "an expired marker reads as lost queues, and every running job's step is dispatched again"
+		}
+		ms = append(ms, mismatch{"max age", ageName(have.MaxAge), ageName(0), true, why})
+	case have.MaxAge != want.MaxAge:
+		ms = append(ms, mismatch{"max age", ageName(have.MaxAge), ageName(want.MaxAge), false,
+			"history is kept for the stream's max age (WAYMARK_HISTORY_MAX_AGE applies to new streams)"})
+	}
+	switch {
+	case queue && have.Discard == jetstream.DiscardOld && hasLimit(have):
+		ms = append(ms, mismatch{"discard", discardName(have.Discard), "new (with a size or count limit)", true,
+			"a full queue would drop its oldest " + what + " without telling anyone"})
+	case want.Name == n.EpochStream && have.Discard == jetstream.DiscardNew && hasLimit(have):
+		ms = append(ms, mismatch{"discard", discardName(have.Discard), "old", true,
+			"the next queue epoch marker would be refused"})
+	case want.Name == n.HistoryStream && have.Discard == jetstream.DiscardNew && hasLimit(have):
+		ms = append(ms, mismatch{"discard", discardName(have.Discard), "old", false,
+			"history publishes are refused once the stream is full"})
+	}
+	if have.Sealed {
+		ms = append(ms, mismatch{"sealed", "true", "false", true, "nothing can be written"})
+	}
+	if have.Duplicates != want.Duplicates {
+		ms = append(ms, mismatch{"duplicate window", have.Duplicates.String(), want.Duplicates.String(), false,
+			"publishes are deduplicated over the stream's window; dedup beyond it rests on checkpoints and the effect ledger"})
+	}
+	if have.MaxMsgSize > 0 && have.MaxMsgSize < want.MaxMsgSize {
+		ms = append(ms, mismatch{"max message size", strconv.Itoa(int(have.MaxMsgSize)), strconv.Itoa(int(want.MaxMsgSize)), false,
+			"larger messages are refused as too large"})
+	}
+	if have.Replicas != want.Replicas {
+		ms = append(ms, mismatch{"replicas", strconv.Itoa(have.Replicas), strconv.Itoa(want.Replicas), false,
+			"kept as they are (WAYMARK_REPLICAS applies to new resources)"})
+	}
+	return ms
 }
 
 func (s *Store) ensureConsumer(ctx context.Context, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	return s.ensureConsumerFor(ctx, stream, cfg, false)
+}
+
+// ensureConsumerFor creates the durable consumer cfg when absent and
+// checks it when present. leases says this process pulls from it and
+// times its heartbeats by cfg.AckWait (a worker on its pool's consumer).
+//
+// Tuning (ack wait, max deliver, max ack pending) is changed only by a
+// process with Config.TuneConsumers (an engine), logged at info with the
+// old and new values. Any other process keeps the consumer's tuning and
+// logs the difference at warn, except that a worker refuses a lease
+// shorter than the one it times its heartbeats by.
+func (s *Store) ensureConsumerFor(ctx context.Context, stream string, cfg jetstream.ConsumerConfig, leases bool) (jetstream.Consumer, error) {
 	c, err := s.JS.Consumer(ctx, stream, cfg.Durable)
-	if err == nil {
-		have := c.CachedInfo().Config
-		if have.AckPolicy != jetstream.AckExplicitPolicy || have.FilterSubject != cfg.FilterSubject {
-			return nil, fmt.Errorf("consumer %s on %s has ack policy %v and filter %q, Waymark needs explicit and %q: %w",
-				cfg.Durable, stream, have.AckPolicy, have.FilterSubject, cfg.FilterSubject, ErrIncompatible)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		// CreateConsumer, not CreateOrUpdate: a consumer another process
+		// made meanwhile is checked below, never overwritten.
+		c, err = s.JS.CreateConsumer(ctx, stream, cfg)
+		if err == nil {
+			s.log.Debug("created consumer", "stream", stream, "consumer", cfg.Durable)
+			return c, nil
 		}
-		if have.AckWait != cfg.AckWait || have.MaxDeliver != cfg.MaxDeliver {
-			// Ack wait and max deliver are tuning, not layout: follow the config.
-			have.AckWait, have.MaxDeliver = cfg.AckWait, cfg.MaxDeliver
-			if c, err = s.JS.UpdateConsumer(ctx, stream, have); err != nil {
-				return nil, fmt.Errorf("update consumer %s on %s: %w", cfg.Durable, stream, err)
-			}
+		if !errors.Is(err, jetstream.ErrConsumerExists) {
+			return nil, fmt.Errorf("create consumer %s on %s: %w", cfg.Durable, stream, err)
+		}
+		c, err = s.JS.Consumer(ctx, stream, cfg.Durable)
+	}
+	resource := "consumer " + cfg.Durable + " on " + stream
+	if errors.Is(err, jetstream.ErrNotPullConsumer) {
+		return nil, s.judge(resource, []mismatch{{"deliver subject", "set (a push consumer)", `"" (a pull consumer)`, true,
+			"a push consumer cannot be pulled from"}})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open consumer %s on %s: %w", cfg.Durable, stream, err)
+	}
+	have := c.CachedInfo().Config
+	var layout []mismatch
+	if have.AckPolicy != jetstream.AckExplicitPolicy {
+		layout = append(layout, mismatch{"ack policy", strings.ToLower(strings.TrimPrefix(have.AckPolicy.String(), "Ack")), "explicit", true,
+			"messages would be taken as handled before they are"})
+	}
+	if have.FilterSubject != cfg.FilterSubject || len(have.FilterSubjects) > 0 {
+		filter := fmt.Sprintf("%q", have.FilterSubject)
+		if len(have.FilterSubjects) > 0 {
+			filter = fmt.Sprint(have.FilterSubjects)
+		}
+		layout = append(layout, mismatch{"filter subject", filter, fmt.Sprintf("%q", cfg.FilterSubject), true,
+			"it would deliver other messages than the ones this consumer is for"})
+	}
+	if have.DeliverSubject != "" {
+		layout = append(layout, mismatch{"deliver subject", fmt.Sprintf("%q", have.DeliverSubject), `"" (a pull consumer)`, true,
+			"a push consumer cannot be pulled from"})
+	}
+	if err := s.judge(resource, layout); err != nil {
+		return nil, err
+	}
+
+	var tuning []mismatch
+	if have.AckWait != cfg.AckWait {
+		m := mismatch{"ack wait", have.AckWait.String(), cfg.AckWait.String(), false,
+			"messages are redelivered after the consumer's ack wait"}
+		if leases && have.AckWait < cfg.AckWait && !s.Config.TuneConsumers {
+			m.fatal = true
+			m.why = "this worker times its heartbeats by its own, longer, lease (WAYMARK_WORK_ACK_WAIT), so a step's lease could run out while it runs: give the worker the consumer's value, or have an engine with the new value change the consumer"
+		}
+		tuning = append(tuning, m)
+	}
+	if have.MaxDeliver != cfg.MaxDeliver {
+		tuning = append(tuning, mismatch{"max deliver", strconv.Itoa(have.MaxDeliver), strconv.Itoa(cfg.MaxDeliver), false,
+			"messages are delivered up to the consumer's max deliver"})
+	}
+	if have.MaxAckPending != cfg.MaxAckPending {
+		tuning = append(tuning, mismatch{"max ack pending", strconv.Itoa(have.MaxAckPending), strconv.Itoa(cfg.MaxAckPending), false,
+			"the consumer's cap on unacknowledged messages applies"})
+	}
+	if len(have.BackOff) > 0 {
+		tuning = append(tuning, mismatch{"backoff", fmt.Sprint(have.BackOff), "none", false,
+			"redeliveries follow the consumer's backoff instead of its ack wait"})
+	}
+	if len(tuning) == 0 {
+		return c, nil
+	}
+	if !s.Config.TuneConsumers {
+		if err := s.judge(resource, tuning); err != nil {
+			return nil, err
 		}
 		return c, nil
 	}
-	if !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return nil, fmt.Errorf("open consumer %s on %s: %w", cfg.Durable, stream, err)
-	}
-	c, err = s.JS.CreateOrUpdateConsumer(ctx, stream, cfg)
+	upd := have
+	upd.AckWait, upd.MaxDeliver, upd.MaxAckPending, upd.BackOff = cfg.AckWait, cfg.MaxDeliver, cfg.MaxAckPending, nil
+	c, err = s.JS.UpdateConsumer(ctx, stream, upd)
 	if err != nil {
-		return nil, fmt.Errorf("create consumer %s on %s: %w", cfg.Durable, stream, err)
+		return nil, fmt.Errorf("update %s: %w", resource, err)
+	}
+	for _, m := range tuning {
+		s.log.Info("changed a shared consumer's setting to this engine's", "resource", resource, "setting", m.setting, "old", m.have, "new", m.want)
 	}
 	return c, nil
 }
@@ -583,6 +861,36 @@ func (s *Store) migrateLayout(ctx context.Context, defs jetstream.KeyValue) erro
 	return nil
 }
 
+// tuneWorkConsumers brings the tuning of every existing work consumer
+// (one per pool) to this Config's values, as ensureConsumerFor does for
+// the engine consumer: engines only (Config.TuneConsumers), so that the
+// lease the reconciler assumes (WorkAckWait) is the one in force.
+func (s *Store) tuneWorkConsumers(ctx context.Context) error {
+	if !s.Config.TuneConsumers {
+		return nil
+	}
+	st, err := s.JS.Stream(ctx, s.Names.WorkStream)
+	if err != nil {
+		return fmt.Errorf("open stream %s: %w", s.Names.WorkStream, err)
+	}
+	var pools []string
+	l := st.ListConsumers(ctx)
+	for info := range l.Info() {
+		if pool := info.Config.Metadata["waymark_pool"]; pool != "" && info.Name == s.Names.WorkConsumer(pool) {
+			pools = append(pools, pool)
+		}
+	}
+	if err := l.Err(); err != nil {
+		return fmt.Errorf("list consumers of %s: %w", s.Names.WorkStream, err)
+	}
+	for _, pool := range pools {
+		if _, err := s.EnsureWorkConsumer(ctx, pool); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // layout1 reports whether cfg is a stream Waymark made with layout 1.
 func layout1(cfg jetstream.StreamConfig) bool { return cfg.Metadata["waymark_layout"] == "1" }
 
@@ -598,30 +906,88 @@ func (s *Store) Reopen(ctx context.Context) error {
 // it too (and recreates lost memory queues in memory).
 const queueStorageKey = "meta.queue_storage"
 
+// queueRecord is the recorded queue storage and the revision it was read
+// at (0 when none is recorded).
+type queueRecord struct {
+	value string
+	rev   uint64
+}
+
 // queueStorage resolves Config.QueueStorage: the setting, else the
 // recorded choice, else QueueFile. It sets s.Config.QueueStorage and
-// returns the recorded choice too ("" when none).
-func (s *Store) queueStorage(ctx context.Context, defs jetstream.KeyValue) (resolved, recorded string, err error) {
+// returns the recorded choice too (value "" when none).
+func (s *Store) queueStorage(ctx context.Context, defs jetstream.KeyValue) (resolved string, recorded queueRecord, err error) {
 	e, err := defs.Get(ctx, queueStorageKey)
 	switch {
 	case err == nil:
-		recorded = string(e.Value())
+		recorded = queueRecord{value: string(e.Value()), rev: e.Revision()}
 	case !errors.Is(err, jetstream.ErrKeyNotFound):
-		return "", "", fmt.Errorf("read queue storage: %w", err)
+		return "", queueRecord{}, fmt.Errorf("read queue storage: %w", err)
 	}
 	if s.Config.QueueStorage == "" {
 		s.Config.QueueStorage = QueueFile
-		if recorded == QueueFile || recorded == QueueMemory {
-			s.Config.QueueStorage = recorded
+		if recorded.value == QueueFile || recorded.value == QueueMemory {
+			s.Config.QueueStorage = recorded.value
 		}
 	}
 	return s.Config.QueueStorage, recorded, nil
+}
+
+// recordQueueStorage records queues (the storage the queue streams were
+// just checked to have) when the record says otherwise: a create when
+// none is recorded, else a compare-and-swap on the revision read, so two
+// processes never overwrite each other's record. A process that loses the
+// race reads the record again; one that disagrees with the streams this
+// process checked means another process made them differently
+// meanwhile, which is ErrIncompatible.
+func (s *Store) recordQueueStorage(ctx context.Context, defs jetstream.KeyValue, queues string, recorded queueRecord) error {
+	for recorded.value != queues {
+		var err error
+		if recorded.rev == 0 {
+			_, err = defs.Create(ctx, queueStorageKey, []byte(queues))
+		} else {
+			_, err = defs.Update(ctx, queueStorageKey, []byte(queues), recorded.rev)
+		}
+		if err == nil {
+			return nil
+		}
+		if !isRevisionConflict(err) {
+			return fmt.Errorf("record queue storage %s: %w", queues, err)
+		}
+		e, gerr := defs.Get(ctx, queueStorageKey)
+		switch {
+		case errors.Is(gerr, jetstream.ErrKeyNotFound):
+			recorded = queueRecord{}
+		case gerr != nil:
+			return fmt.Errorf("record queue storage %s: %w", queues, gerr)
+		default:
+			recorded = queueRecord{value: string(e.Value()), rev: e.Revision()}
+			if recorded.value != queues {
+				return fmt.Errorf("queue storage: another process recorded %q while this one made or checked %s queues (WAYMARK_QUEUE_STORAGE differs between processes): %w",
+					recorded.value, queues, ErrIncompatible)
+			}
+		}
+	}
+	return nil
 }
 
 // The queue epoch tells whether the work and inbox queues still hold what
 // they held: a marker message in a stream stored like the queues, and the
 // same id stored durably in the definitions bucket. A server restart that
 // lost memory queues loses the marker too.
+//
+// The marker message is the truth and the record follows it. MarkQueues
+// publishes a new marker with a compare-and-swap on the marker stream
+// (Nats-Expected-Last-Subject-Sequence: the marker it read), so of two
+// engines racing to mark the queues one publishes and the other gets
+// schemas.ErrConflict. The winner then copies the stream's last marker
+// into the record with a compare-and-swap on the record's revision,
+// reading the record before the stream and retrying until both agree.
+// Because every record write copies a stream read made after the record
+// read it swaps on, the last successful one copies the last marker: the
+// two cannot disagree once all markers are written. A process that dies
+// between the publish and the record leaves them disagreeing, which reads
+// as lost queues, and the next check marks them again.
 const queueEpochKey = "meta.queue_epoch"
 
 func (s *Store) epochSubject() string { return s.Names.prefix + ".queue_epoch" }
@@ -638,31 +1004,93 @@ func (s *Store) QueuesIntact(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("read queue epoch: %w", err)
 	}
-	st, err := s.JS.Stream(ctx, s.Names.EpochStream)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return false, nil
-	}
+	marker, _, err := s.lastEpochMarker(ctx)
 	if err != nil {
 		return false, fmt.Errorf("read queue epoch: %w", err)
+	}
+	return marker != "" && marker == string(want.Value()), nil
+}
+
+// lastEpochMarker returns the last marker message and its stream sequence
+// ("" and 0 when there is none, or no stream).
+func (s *Store) lastEpochMarker(ctx context.Context) (string, uint64, error) {
+	st, err := s.JS.Stream(ctx, s.Names.EpochStream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return "", 0, nil
+	}
+	if err != nil {
+		return "", 0, err
 	}
 	m, err := st.GetLastMsgForSubject(ctx, s.epochSubject())
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return false, nil
+		return "", 0, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("read queue epoch: %w", err)
+		return "", 0, err
 	}
-	return string(m.Data) == string(want.Value()), nil
+	return string(m.Data), m.Sequence, nil
 }
 
-// MarkQueues writes a new epoch marker into the queues and records it.
+// MarkQueues writes a new epoch marker into the queues and records it
+// (see queueEpochKey for the protocol). Errors: schemas.ErrConflict when
+// another process marked the queues between this one's read and its
+// publish: its marker stands, and it is that process that dispatches
+// again what the queues held. Any other error leaves the queues unmarked
+// or the record behind the marker, which QueuesIntact reports as lost.
 func (s *Store) MarkQueues(ctx context.Context) error {
+	_, seq, err := s.lastEpochMarker(ctx)
+	if err != nil {
+		return fmt.Errorf("mark queues: read the last marker: %w", err)
+	}
+	s.epochHook("read")
 	id := nuid.Next()
-	if _, err := s.JS.Publish(ctx, s.epochSubject(), []byte(id)); err != nil {
-		return fmt.Errorf("mark queues: %w", err)
+	m := nats.NewMsg(s.epochSubject())
+	m.Data = []byte(id)
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(seq, 10))
+	if _, err := s.JS.PublishMsg(ctx, m); err != nil {
+		if isRevisionConflict(err) {
+			return schemas.Errorf(schemas.CodeConflict, "mark queues: another process marked them first").WithCause(err)
+		}
+		return fmt.Errorf("mark queues: publish marker %s: %w", id, err)
 	}
-	if _, err := s.Definitions.kv.Put(ctx, queueEpochKey, []byte(id)); err != nil {
-		return fmt.Errorf("mark queues: %w", err)
+	s.epochHook("published")
+	for {
+		var rev uint64
+		var have string
+		e, err := s.Definitions.kv.Get(ctx, queueEpochKey)
+		switch {
+		case err == nil:
+			rev, have = e.Revision(), string(e.Value())
+		case !errors.Is(err, jetstream.ErrKeyNotFound):
+			return fmt.Errorf("mark queues: read the record: %w", err)
+		}
+		marker, _, err := s.lastEpochMarker(ctx)
+		if err != nil {
+			return fmt.Errorf("mark queues: read the last marker: %w", err)
+		}
+		if marker == "" {
+			return fmt.Errorf("mark queues: marker %s is gone (the queues were lost again)", id)
+		}
+		if marker == have {
+			return nil
+		}
+		if rev == 0 {
+			_, err = s.Definitions.kv.Create(ctx, queueEpochKey, []byte(marker))
+		} else {
+			_, err = s.Definitions.kv.Update(ctx, queueEpochKey, []byte(marker), rev)
+		}
+		if err != nil && !isRevisionConflict(err) {
+			return fmt.Errorf("mark queues: record marker %s: %w", marker, err)
+		}
+		// Written, or another writer got there first: read both again.
 	}
-	return nil
+}
+
+// epochHook runs Store.testEpochHook, when a test set one, at a stage of
+// MarkQueues ("read": the last marker was read; "published": the new
+// marker is stored, the record not yet written).
+func (s *Store) epochHook(stage string) {
+	if s.testEpochHook != nil {
+		s.testEpochHook(stage)
+	}
 }

@@ -1,10 +1,8 @@
 package kv_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"log/slog"
 	"reflect"
 	"strings"
 	"testing"
@@ -318,40 +316,6 @@ func snapshot(t *testing.T, js jetstream.JetStream, n kv.Names) layout {
 		l.Created[c.name] = info.Created
 	}
 	return l
-}
-
-func TestOpenFollowsTuning(t *testing.T) {
-	t.Parallel()
-	b := setup(t, kv.Config{})
-	n := b.store.Names
-	if _, err := b.store.EnsureWorkConsumer(ctx(t), "default"); err != nil {
-		t.Fatal(err)
-	}
-
-	var logs bytes.Buffer
-	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	cfg := kv.Config{InboxAckWait: 5 * time.Second, WorkAckWait: 6 * time.Second, WorkMaxDeliver: 9, Duplicates: time.Minute}
-	st, err := kv.Open(ctx(t), newJS(t, b.srv), cfg, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.EnsureWorkConsumer(ctx(t), "default"); err != nil {
-		t.Fatal(err)
-	}
-	// Ack waits and max deliver are tuning: the consumers follow the config.
-	if c := consumerInfo(t, b.js, n.InboxStream, n.EngineConsumer).Config; c.AckWait != 5*time.Second || c.MaxDeliver != -1 {
-		t.Errorf("engine consumer: ack wait %v, max deliver %d", c.AckWait, c.MaxDeliver)
-	}
-	if c := consumerInfo(t, b.js, n.WorkStream, n.WorkConsumer("default")).Config; c.AckWait != 6*time.Second || c.MaxDeliver != 9 {
-		t.Errorf("work consumer: ack wait %v, max deliver %d", c.AckWait, c.MaxDeliver)
-	}
-	// The duplicate window is the stream's: kept, with a warning.
-	if d := streamConfig(t, b.js, n.WorkStream).Duplicates; d != kv.DefaultDuplicates {
-		t.Errorf("work stream duplicates = %v, want the original %v", d, kv.DefaultDuplicates)
-	}
-	if !strings.Contains(logs.String(), "stream duplicate window differs") || !strings.Contains(logs.String(), n.WorkStream) {
-		t.Errorf("no warning about the duplicate window in:\n%s", logs.String())
-	}
 }
 
 func TestOpenMemory(t *testing.T) {

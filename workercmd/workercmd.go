@@ -18,7 +18,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/waymark-dev/waymark/internal/cli"
+	"github.com/waymark-dev/waymark/internal/cliflags"
+	"github.com/waymark-dev/waymark/internal/workercli"
 	"github.com/waymark-dev/waymark/steps"
 )
 
@@ -27,7 +28,7 @@ import (
 // ExecuteContext; a usage error comes back as an error whose exit code
 // ExitCode reports.
 func New(stdout, stderr io.Writer, reg *steps.Registry) *cobra.Command {
-	return cli.NewWorkerCommand(stdout, stderr, reg)
+	return workercli.New(stdout, stderr, reg)
 }
 
 // ExitCode is the process exit code for an error returned by the command:
@@ -36,7 +37,7 @@ func ExitCode(err error) int {
 	if err == nil {
 		return 0
 	}
-	var ee *cli.ExitError
+	var ee *cliflags.ExitError
 	if errors.As(err, &ee) {
 		return ee.Code
 	}

@@ -10,31 +10,25 @@ import (
 	"maps"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/waymark-dev/waymark/engine"
 	"github.com/waymark-dev/waymark/engine/client"
+	"github.com/waymark-dev/waymark/internal/cliflags"
 	"github.com/waymark-dev/waymark/internal/natsserver"
 	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
 	"github.com/waymark-dev/waymark/steps"
 )
 
-// ExitError carries a process exit code out of a command.
-type ExitError struct {
-	Code int
-	Err  error
-}
-
-func (e *ExitError) Error() string { return e.Err.Error() }
-func (e *ExitError) Unwrap() error { return e.Err }
+// ExitError carries a process exit code out of a command (see
+// cliflags.ExitError).
+type ExitError = cliflags.ExitError
 
 // globals are the flags every command shares.
 type globals struct {
@@ -48,165 +42,49 @@ type globals struct {
 	flags     *pflag.FlagSet // where the flags above were bound, to tell flag from environment
 }
 
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
-}
+func envOr(key, def string) string { return cliflags.EnvOr(key, def) }
 
 func (g *globals) bind(cmd *cobra.Command) {
-	f := cmd.PersistentFlags()
-	g.flags = f
-	f.StringVarP(&g.natsURL, "nats-url", "s", os.Getenv("NATS_URL"), "NATS server URL (env NATS_URL); alias --server")
-	f.StringVar(&g.creds, "creds", os.Getenv("NATS_CREDS"), "NATS credentials file (env NATS_CREDS)")
-	f.StringVar(&g.prefix, "prefix", envOr("WAYMARK_PREFIX", kv.DefaultPrefix), "prefix of every stream, bucket and subject (env WAYMARK_PREFIX)")
-	f.StringVar(&g.logLevel, "log-level", envOr("WAYMARK_LOG_LEVEL", "warn"), "log level: debug, info, warn, error (env WAYMARK_LOG_LEVEL)")
-	f.StringVar(&g.logFormat, "log-format", envOr("WAYMARK_LOG_FORMAT", "text"), "log format: text or json (env WAYMARK_LOG_FORMAT)")
-	f.SetNormalizeFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
-		if name == "server" {
-			name = "nats-url"
-		}
-		return pflag.NormalizedName(name)
-	})
+	g.flags = cliflags.BindGlobals(cmd, &g.natsURL, &g.creds, &g.prefix, &g.logLevel, &g.logFormat)
 }
 
 func (g *globals) logger() (*slog.Logger, error) {
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(g.logLevel)); err != nil {
-		return nil, fmt.Errorf("%s: want debug, info, warn or error", flagValue(g.flags, "log-level", "WAYMARK_LOG_LEVEL", g.logLevel))
-	}
-	opts := &slog.HandlerOptions{Level: lvl}
-	switch g.logFormat {
-	case "text":
-		return slog.New(slog.NewTextHandler(g.stderr, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(g.stderr, opts)), nil
-	}
-	return nil, fmt.Errorf("%s: want text or json", flagValue(g.flags, "log-format", "WAYMARK_LOG_FORMAT", g.logFormat))
+	return cliflags.Logger(g.logLevel, g.logFormat, g.stderr, g.flags)
 }
 
-// flagValue names a flag and its value for an error message, and the
-// environment variable when the value came from it (the flag was not
-// given): --sync "disk" (from WAYMARK_SYNC). fs may be nil when the flag
-// set is unknown; then a value equal to the variable's is taken as its.
+// flagValue names a flag and its value for an error message (see
+// cliflags.FlagValue).
 func flagValue(fs *pflag.FlagSet, flag, env, value string) string {
-	s := fmt.Sprintf("--%s %q", flag, value)
-	fromEnv := os.Getenv(env) != "" && os.Getenv(env) == value
-	if fs != nil {
-		if f := fs.Lookup(flag); f != nil && f.Changed {
-			fromEnv = false
-		}
-	}
-	if fromEnv {
-		s += " (from " + env + ")"
-	}
-	return s
+	return cliflags.FlagValue(fs, flag, env, value)
 }
 
-// connect dials the NATS server named by --nats-url.
+// connect dials the NATS server named by --nats-url once, for one-shot
+// commands: an unreachable server is an error at once.
 func (g *globals) connect(name string) (*nats.Conn, error) {
-	url := g.natsURL
-	if url == "" {
-		url = nats.DefaultURL
-	}
-	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}
-	if g.creds != "" {
-		opts = append(opts, nats.UserCredentials(g.creds))
-	}
-	nc, err := nats.Connect(url, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w (is an engine running? start `engine serve --data-dir DIR` on the data directory your jobs use (default .waymark), or point --nats-url / NATS_URL at your NATS server)", url, err)
-	}
-	return nc, nil
+	return cliflags.Connect(g.natsURL, g.creds, name)
 }
 
-// kvEnv lists the environment variables that tune the JetStream layout.
-// Every process of a deployment must see the same values.
-var kvEnv = []struct {
-	name string
-	set  func(*kv.Config, string) error
-}{
-	{"WAYMARK_DUPLICATES", func(c *kv.Config, v string) (err error) { c.Duplicates, err = time.ParseDuration(v); return }},
-	{"WAYMARK_INBOX_ACK_WAIT", func(c *kv.Config, v string) (err error) { c.InboxAckWait, err = time.ParseDuration(v); return }},
-	{"WAYMARK_WORK_ACK_WAIT", func(c *kv.Config, v string) (err error) { c.WorkAckWait, err = time.ParseDuration(v); return }},
-	{"WAYMARK_WORK_MAX_DELIVER", func(c *kv.Config, v string) (err error) { c.WorkMaxDeliver, err = strconv.Atoi(v); return }},
-	{"WAYMARK_REPLICAS", func(c *kv.Config, v string) (err error) { c.Replicas, err = strconv.Atoi(v); return }},
-	{"WAYMARK_HISTORY_MAX_AGE", func(c *kv.Config, v string) (err error) { c.HistoryMaxAge, err = time.ParseDuration(v); return }},
-	{"WAYMARK_QUEUE_STORAGE", func(c *kv.Config, v string) error { c.QueueStorage = v; return nil }},
-	{"WAYMARK_JOB_RETENTION", func(c *kv.Config, v string) (err error) {
-		if c.JobRetention, err = time.ParseDuration(v); err == nil && c.JobRetention == 0 {
-			c.JobRetention = -1 // 0 keeps finished jobs forever
-		} else if err == nil && c.JobRetention < 0 {
-			err = fmt.Errorf("want a positive duration, or 0 to keep finished jobs forever")
-		}
-		return
-	}},
-	{"WAYMARK_EFFECT_RETENTION", func(c *kv.Config, v string) error {
-		return fmt.Errorf("renamed: effect records are now removed with their job; set WAYMARK_JOB_RETENTION")
-	}},
+// connectWaiting dials the NATS server named by --nats-url for a
+// long-running command (engine serve, engine run): it waits for the
+// server, retrying with backoff and logging each retry.
+func (g *globals) connectWaiting(ctx context.Context, name string, log *slog.Logger) (*nats.Conn, error) {
+	return cliflags.ConnectWaiting(ctx, g.natsURL, g.creds, name, log)
 }
 
-// kvConfigFromEnv applies the WAYMARK_* layout variables to cfg. A value
-// that does not parse, or that the layout refuses (kv.Config.Validate),
-// is an error naming the variable and the value.
-func kvConfigFromEnv(cfg kv.Config) (kv.Config, error) {
-	for _, e := range kvEnv {
-		v := os.Getenv(e.name)
-		if v == "" {
-			continue
-		}
-		if err := e.set(&cfg, v); err != nil {
-			return cfg, fmt.Errorf("%s=%q: %w", e.name, v, err)
-		}
-		// Validate checks each field on its own: the variable alone, over
-		// the defaults, tells whether its value is acceptable.
-		var alone kv.Config
-		_ = e.set(&alone, v)
-		if err := alone.WithDefaults().Validate(); err != nil {
-			return cfg, fmt.Errorf("%s=%q: %w", e.name, v, err)
-		}
-	}
-	return cfg, nil
-}
+// kvConfigFromEnv applies the WAYMARK_* layout variables to cfg (see
+// cliflags.KVConfigFromEnv).
+func kvConfigFromEnv(cfg kv.Config) (kv.Config, error) { return cliflags.KVConfigFromEnv(cfg) }
 
 // kvConfig completes cfg with the WAYMARK_* layout variables and --prefix
 // and checks it, before anything reaches the server. Errors are usage
 // errors (exit status 2) naming the variable or flag at fault.
 func (g *globals) kvConfig(cfg kv.Config) (kv.Config, error) {
-	cfg, err := kvConfigFromEnv(cfg)
-	if err != nil {
-		return cfg, &ExitError{Code: 2, Err: err}
-	}
-	cfg.Prefix = g.prefix
-	if err := (kv.Config{Prefix: g.prefix}).WithDefaults().Validate(); err != nil {
-		return cfg, &ExitError{Code: 2, Err: fmt.Errorf("%s: %w", flagValue(g.flags, "prefix", "WAYMARK_PREFIX", g.prefix), err)}
-	}
-	if err := cfg.WithDefaults().Validate(); err != nil {
-		return cfg, &ExitError{Code: 2, Err: err}
-	}
-	return cfg, nil
+	return cliflags.KVConfig(cfg, g.prefix, g.flags)
 }
 
 // openStore opens the Waymark layout over nc.
 func (g *globals) openStore(ctx context.Context, nc *nats.Conn, cfg kv.Config, log *slog.Logger) (*kv.Store, error) {
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, fmt.Errorf("jetstream: %w", err)
-	}
-	if cfg, err = g.kvConfig(cfg); err != nil {
-		return nil, err
-	}
-	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	st, err := kv.Open(octx, js, cfg, log)
-	if err != nil {
-		if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, context.DeadlineExceeded) {
-			return nil, fmt.Errorf("open Waymark streams and buckets: %w (does the server have JetStream enabled?)", err)
-		}
-		return nil, fmt.Errorf("open Waymark streams and buckets: %w", err)
-	}
-	return st, nil
+	return cliflags.OpenStore(ctx, nc, cfg, g.prefix, g.flags, log)
 }
 
 // embeddedFlags configure the embedded nats-server.
@@ -214,6 +92,8 @@ type embeddedFlags struct {
 	dataDir      string
 	sync         string
 	syncInterval time.Duration
+	maxStore     string // as given; parsed by validate into maxBytes
+	maxBytes     int64
 	flags        *pflag.FlagSet
 }
 
@@ -223,6 +103,7 @@ func (e *embeddedFlags) bind(cmd *cobra.Command) {
 	f.StringVar(&e.dataDir, "data-dir", envOr("WAYMARK_DATA_DIR", ".waymark"), "embedded server's data directory (env WAYMARK_DATA_DIR)")
 	f.StringVar(&e.sync, "sync", envOr("WAYMARK_SYNC", natsserver.SyncAlways), "embedded JetStream sync policy: always (fsync before every acknowledgement) or interval (env WAYMARK_SYNC)")
 	f.DurationVar(&e.syncInterval, "sync-interval", time.Second, "fsync period under --sync interval")
+	f.StringVar(&e.maxStore, "max-store", envOr("WAYMARK_MAX_STORE", ""), "cap on the embedded server's JetStream file storage, e.g. 512MiB or 10GB; writes beyond it are refused (default: 75% of the disk space free at start) (env WAYMARK_MAX_STORE)")
 }
 
 // validate checks the flags before anything starts.
@@ -233,13 +114,18 @@ func (e *embeddedFlags) validate() error {
 	if e.syncInterval <= 0 {
 		return fmt.Errorf("--sync-interval %v: want a positive duration", e.syncInterval)
 	}
+	n, err := natsserver.ParseSize(e.maxStore)
+	if err != nil {
+		return fmt.Errorf("%s: want a size such as 512MiB or 10GB, or 0 for the default", flagValue(e.flags, "max-store", "WAYMARK_MAX_STORE", e.maxStore))
+	}
+	e.maxBytes = n
 	return nil
 }
 
 func (e *embeddedFlags) start(listen string, log *slog.Logger) (*natsserver.Server, error) {
 	return natsserver.Start(natsserver.Config{
 		DataDir: e.dataDir, Listen: listen, Sync: e.sync, SyncInterval: e.syncInterval,
-		Logger: log,
+		MaxStore: e.maxBytes, Logger: log,
 	})
 }
 

@@ -97,7 +97,7 @@ as with engine run. Exit status: 0 started (or attached to the job of that
 	fl.StringArrayVar(&vars, "var", nil, "name=value overriding one of the workflow's vars (repeatable)")
 	fl.StringVarP(&output, "output", "o", "text", "text (the job id) or json")
 	fl.StringArrayVar(&sf.allowKinds, "allow-kind", nil, "a step kind only remote workers know (repeatable)")
-	sf.modelMode = steps.ModelReplay // loading only checks settings; no model is called here
+	sf.ModelMode = steps.ModelReplay // loading only checks settings; no model is called here
 	return cmd
 }
 
@@ -263,7 +263,7 @@ func newValidateCmd(g *globals) *cobra.Command {
 		Short: "Check a workflow definition (and an input) without running anything",
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sf.modelMode = steps.ModelReplay
+			sf.ModelMode = steps.ModelReplay
 			env, _ := sf.env()
 			def, err := loadWorkflow(args[0], env, sf.allowKinds)
 			if err != nil {

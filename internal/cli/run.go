@@ -18,10 +18,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/waymark-dev/waymark/engine"
 	"github.com/waymark-dev/waymark/engine/client"
+	"github.com/waymark-dev/waymark/internal/cliflags"
 	"github.com/waymark-dev/waymark/internal/demo"
 	"github.com/waymark-dev/waymark/internal/failpoint"
 	"github.com/waymark-dev/waymark/internal/natsserver"
@@ -30,68 +30,16 @@ import (
 	"github.com/waymark-dev/waymark/steps"
 )
 
-// stepFlags configure in-process workers.
+// stepFlags configure in-process workers: cliflags.StepFlags, with the
+// kinds a definition may use beyond the built-ins.
 type stepFlags struct {
-	services   []string
-	modelMode  string
-	secretsDir string
-	secretEnv  []string
+	cliflags.StepFlags
 	allowKinds []string
-	flags      *pflag.FlagSet // set by bind
 }
 
-func (s *stepFlags) bind(cmd *cobra.Command) {
-	f := cmd.Flags()
-	s.flags = f
-	f.StringArrayVar(&s.services, "service", nil, "name=URL of a service that step templates reach as {{service \"name\"}} (repeatable)")
-	f.StringVar(&s.modelMode, "model-mode", envOr("WAYMARK_MODEL_MODE", steps.ModelAuto), "model steps: auto (live when the API key is set, else the cassette), live or replay (env WAYMARK_MODEL_MODE)")
-	f.StringVar(&s.secretsDir, "secrets-dir", envOr("WAYMARK_SECRETS_DIR", os.Getenv("CREDENTIALS_DIRECTORY")),
-		"directory of secret files for {{secret \"NAME\"}}, one file per secret (env WAYMARK_SECRETS_DIR; default systemd's $CREDENTIALS_DIRECTORY)")
-	var fromEnv []string
-	for _, n := range strings.Split(os.Getenv("WAYMARK_SECRETS_ENV"), ",") {
-		if n = strings.TrimSpace(n); n != "" {
-			fromEnv = append(fromEnv, n)
-		}
-	}
-	f.StringArrayVar(&s.secretEnv, "secret-env", fromEnv, "expose the environment variable NAME to workflows as the secret NAME, besides WAYMARK_SECRET_* (repeatable; env WAYMARK_SECRETS_ENV, comma-separated)")
-}
+func (s *stepFlags) bind(cmd *cobra.Command) { s.Bind(cmd) }
 
-var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
-func (s *stepFlags) env() (*steps.Env, error) {
-	switch s.modelMode {
-	case steps.ModelAuto, steps.ModelLive, steps.ModelReplay:
-	default:
-		return nil, fmt.Errorf("%s: want auto, live or replay", flagValue(s.flags, "model-mode", "WAYMARK_MODEL_MODE", s.modelMode))
-	}
-	svc, err := steps.ParseServices(s.services)
-	if err != nil {
-		return nil, err
-	}
-	if s.secretsDir != "" {
-		var problem error
-		fi, err := os.Stat(s.secretsDir)
-		switch {
-		case err != nil:
-			problem = errors.Unwrap(err) // the path is in the message already
-		case !fi.IsDir():
-			problem = errors.New("not a directory")
-		}
-		if problem != nil {
-			what := flagValue(s.flags, "secrets-dir", "WAYMARK_SECRETS_DIR", s.secretsDir)
-			if os.Getenv("WAYMARK_SECRETS_DIR") == "" && s.secretsDir == os.Getenv("CREDENTIALS_DIRECTORY") && (s.flags == nil || !s.flags.Changed("secrets-dir")) {
-				what += " (from CREDENTIALS_DIRECTORY)"
-			}
-			return nil, fmt.Errorf("%s: %w", what, problem)
-		}
-	}
-	for _, n := range s.secretEnv {
-		if !envNameRE.MatchString(n) || steps.CheckSecretName(n) != nil {
-			return nil, fmt.Errorf("--secret-env %q: want an environment variable name (letters, digits and '_', not starting with a digit)", n)
-		}
-	}
-	return &steps.Env{Services: svc, ModelMode: s.modelMode, Secrets: steps.Secrets{Dir: s.secretsDir, Env: s.secretEnv}}, nil
-}
+func (s *stepFlags) env() (*steps.Env, error) { return s.Env() }
 
 type runFlags struct {
 	input    string
@@ -175,7 +123,7 @@ func (g *globals) startStack(ctx context.Context, emb *embeddedFlags, o stackOpt
 	}
 	var err error
 	if g.natsURL != "" {
-		s.nc, err = g.connect("waymark-engine")
+		s.nc, err = g.connectWaiting(ctx, "waymark-engine", o.log)
 	} else {
 		s.srv, err = emb.start(o.listen, o.log)
 		if err == nil {
@@ -185,6 +133,7 @@ func (g *globals) startStack(ctx context.Context, emb *embeddedFlags, o stackOpt
 	if err != nil {
 		return fail(err)
 	}
+	o.kvConfig.TuneConsumers = o.engines > 0 // only an engine changes a shared consumer's tuning
 	if s.store, err = g.openStore(ctx, s.nc, o.kvConfig, o.log); err != nil {
 		return fail(err)
 	}
@@ -442,7 +391,7 @@ func resolveHint(g *globals, f *runFlags, key string, bundled bool) string {
 	if bundled {
 		serveFlags += " --demo"
 	}
-	for _, svc := range f.steps.services {
+	for _, svc := range f.steps.Services {
 		serveFlags += " --service " + shellQuote(svc)
 	}
 	resolve := fmt.Sprintf("`engine effects resolve %s%s --happened [--external-id ID] [--result FILE]` or `engine effects resolve %s%s --not-happened`",

@@ -173,23 +173,3 @@ func registerEngineMetrics(reg *prometheus.Registry, e *engine.Engine) {
 		Help: "Time from engine start to its first applied transition; 0 until then.",
 	}, func() float64 { return float64(e.Stats().FirstProgressMs) / 1000 }))
 }
-
-// registerWorkerMetrics exposes a worker's counters.
-func registerWorkerMetrics(reg prometheus.Registerer, w *steps.Worker) {
-	counter := func(name, help string, get func(steps.WorkerStats) uint64) {
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Namespace: "waymark", Subsystem: "worker", Name: name + "_total", Help: help,
-		}, func() float64 { return float64(get(w.Stats())) }))
-	}
-	counter("steps_started", "Step attempts started.", func(s steps.WorkerStats) uint64 { return s.Started })
-	counter("steps_succeeded", "Step attempts that succeeded.", func(s steps.WorkerStats) uint64 { return s.Succeeded })
-	counter("steps_failed", "Step attempts that failed.", func(s steps.WorkerStats) uint64 { return s.Failed })
-	counter("redeliveries", "Step messages delivered again after a worker died or stalled.", func(s steps.WorkerStats) uint64 { return s.Redeliveries })
-	counter("results_published", "Results published to the engine.", func(s steps.WorkerStats) uint64 { return s.Published })
-	counter("heartbeats", "Lease extensions sent while steps ran.", func(s steps.WorkerStats) uint64 { return s.Heartbeats })
-	counter("replayed_pure_steps", "Pure steps run again because their message was delivered again.", func(s steps.WorkerStats) uint64 { return s.ReplayedPure })
-	counter("replayed_effects", "Effectful attempts answered from the ledger without calling out (the effect had happened).", func(s steps.WorkerStats) uint64 { return s.ReplayedEffects })
-	counter("ambiguous_effects", "Effects declared ambiguous (unsafe, outcome unknown).", func(s steps.WorkerStats) uint64 { return s.AmbiguousEffects })
-	counter("effects_settled_late", "Ambiguous effects reconciled as happened because the worker's own call returned after all.", func(s steps.WorkerStats) uint64 { return s.SettledLate })
-	counter("stale_attempts", "Attempts dropped because the engine had moved on (fencing).", func(s steps.WorkerStats) uint64 { return s.Stale })
-}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dustin/go-humanize"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -44,12 +46,34 @@ type Config struct {
 	Sync string
 	// SyncInterval is the fsync period under SyncInterval. Default 1s.
 	SyncInterval time.Duration
+	// MaxStore caps JetStream's file storage, in bytes (ParseSize reads
+	// "512MiB", "10GB"). A write that would store more is refused: the
+	// publish fails with "insufficient resources" (error code 10023),
+	// nothing already stored is dropped, and writes succeed again once
+	// space is freed. 0 means the server's own default, 75% of the disk
+	// space free when it starts; negative is an error.
+	MaxStore int64
 	// Memory keeps JetStream in memory (tests): nothing survives a restart.
 	Memory bool
 	// Logger receives the server's log; nil discards it.
 	Logger *slog.Logger
 	// Debug forwards the server's debug lines too.
 	Debug bool
+}
+
+// ParseSize reads a storage size: bytes as a number, or with a unit, where
+// kB, MB, GB, TB are powers of 1000 and KiB, MiB, GiB, TiB powers of 1024
+// ("512MiB", "10GB", "1.5 GiB"; case and spaces do not matter). "" and
+// "0" give 0. Errors quote the value and say what is wanted.
+func ParseSize(s string) (int64, error) {
+	if strings.TrimSpace(s) == "" {
+		return 0, nil
+	}
+	n, err := humanize.ParseBytes(s)
+	if err != nil || n > math.MaxInt64 {
+		return 0, fmt.Errorf("size %q: want bytes, or a number with a unit such as 512MiB or 10GB", s)
+	}
+	return int64(n), nil
 }
 
 // ErrDataDirInUse is returned by Start when another process holds the
@@ -102,6 +126,9 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.SyncInterval < 0 {
 		return nil, fmt.Errorf("sync interval %v: want a positive duration", cfg.SyncInterval)
 	}
+	if cfg.MaxStore < 0 {
+		return nil, fmt.Errorf("max store %d: want a size in bytes, or 0 for the server's default", cfg.MaxStore)
+	}
 	opts := &server.Options{
 		ServerName:         "waymark-embedded",
 		JetStream:          true,
@@ -110,6 +137,9 @@ func Start(cfg Config) (*Server, error) {
 		MaxPayload:         8 << 20,
 		JetStreamMaxMemory: -1,
 		JetStreamMaxStore:  -1,
+	}
+	if cfg.MaxStore > 0 {
+		opts.JetStreamMaxStore = cfg.MaxStore
 	}
 	if cfg.Sync == SyncAlways {
 		opts.SyncAlways = true
