@@ -133,12 +133,16 @@ func Parse(name string, data []byte, opts LoadOptions) (*Definition, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil, fail(LocatedProblem{Problem: Problem{Message: "file is empty"}})
 	}
-	if strings.EqualFold(filepath.Ext(name), ".json") {
+	isJSON := strings.EqualFold(filepath.Ext(name), ".json")
+	if isJSON {
 		// YAML accepts what JSON does not (trailing commas, single quotes,
 		// comments); a .json file must be JSON.
 		if p, bad := jsonSyntaxProblem(data); bad {
 			return nil, fail(p)
 		}
+	}
+	if p, bad := definitionTextProblem(data, isJSON); bad {
+		return nil, fail(p)
 	}
 	file, err := parser.ParseBytes(data, 0)
 	if err != nil {
@@ -524,7 +528,16 @@ func embedAssets(m map[string]any, base string) []Problem {
 				ps = append(ps, Problem{Path: ptr, Message: fmt.Sprintf("asset %s is not valid JSON: %v", rel, err)})
 				continue
 			}
+			if err := CheckJSONText(data); err != nil {
+				ps = append(ps, Problem{Path: ptr, Message: fmt.Sprintf("asset %s: %s", rel, AsError(err).Message)})
+				continue
+			}
 			assets[name] = v
+			continue
+		}
+		if off, b, ok := firstInvalidUTF8(string(data)); !ok {
+			line, col := lineColumn(data, off)
+			ps = append(ps, Problem{Path: ptr, Message: fmt.Sprintf("asset %s:%d:%d: invalid UTF-8 byte 0x%02x (byte %d); a text asset must be UTF-8", rel, line, col, b, off)})
 			continue
 		}
 		assets[name] = string(data)
