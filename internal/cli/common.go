@@ -272,6 +272,18 @@ func readInput(path string, stdin io.Reader) (json.RawMessage, error) {
 		}
 		return nil, fmt.Errorf("input %s: not valid JSON: %v", path, err)
 	}
+	if err := schemas.CheckJSONText(data); err != nil {
+		file := path
+		if path == "-" {
+			file = "stdin"
+		}
+		var te *schemas.TextError
+		if errors.As(err, &te) {
+			line, col := lineCol(data, int64(te.Offset))
+			file = fmt.Sprintf("%s:%d:%d", file, line, col)
+		}
+		return nil, &inputErr{msg: fmt.Sprintf("input %s: %s", file, schemas.AsError(err).Message), cause: err}
+	}
 	return json.RawMessage(data), nil
 }
 
@@ -308,6 +320,13 @@ func parseVars(pairs []string, def *schemas.Definition) (map[string]string, erro
 			return nil, fmt.Errorf("--var %q: workflow %s declares no var %q (%s)", p, def.Name, k, declares)
 		}
 		out[k] = v
+	}
+	if err := schemas.CheckStringsText("", out); err != nil {
+		var te *schemas.TextError
+		if errors.As(err, &te) {
+			return nil, fmt.Errorf("--var %s: the value holds %s at byte %d; vars must be UTF-8 text", strings.TrimPrefix(te.Path, "/"), te.Reason, te.Offset)
+		}
+		return nil, err
 	}
 	return out, nil
 }
