@@ -303,20 +303,23 @@ func Union(a, b *Shape) *Shape {
 }
 
 // StateShape returns the shape of a job's state as the definition lets
-// load-time checks see it:
+// load-time checks see it. The state starts as the input and changes only
+// by step outputs (saved under a name, or merged into it), and it passes
+// the state_schema at the start and after every step, so:
 //
-//   - with a state_schema, that schema's shape: the state passes it at the
-//     start and after every step;
-//   - without one, the input_schema's shape (the state starts as the
-//     input), opened, with its members' types dropped, when a step merges
-//     an output whose shape is open or unknown (it could add or replace
-//     any member).
+//   - it has the state_schema's shape, when there is one;
+//   - a top-level member a step produces (save_as NAME, or a required
+//     property of an output merged into state) is taken to be present,
+//     with the shape of what produces it;
+//   - every other member keeps the input's value, with the input_schema's
+//     shape (closed, without a state_schema, if the input's is); unless a
+//     step merges an output whose shape is open or unknown, which could add
+//     or replace any member: then those members keep their presence, but
+//     not their type.
 //
-// A top-level member a step produces (save_as NAME, or a required property
-// of an output merged into state) is taken to be present, and to have the
-// shape of that output when one step alone produces it: the check does
-// not follow the order in which steps run, so reading it before its
-// producer has run is a run-time error it cannot see.
+// The check does not follow the order in which steps run: reading a member
+// before the step that produces it has run is a run-time error it cannot
+// see. Nil when nothing is known.
 func StateShape(def *Definition) *Shape {
 	producers := map[string][]*Shape{}
 	openMerge := false
@@ -343,16 +346,38 @@ func StateShape(def *Definition) *Shape {
 			}
 		}
 	}
-	base := ShapeOf(def.StateSchema)
-	fromInput := base == nil
-	if fromInput {
-		base = ShapeOf(def.InputSchema)
-		if base == nil {
-			if len(producers) == 0 {
-				return nil
+	st := ShapeOf(def.StateSchema)
+	in := ShapeOf(def.InputSchema)
+	if in.IsObject() {
+		c := *in
+		c.Properties = map[string]*Shape{}
+		for k, p := range in.Properties {
+			if _, produced := producers[k]; produced {
+				continue
 			}
-			base = &Shape{Type: "object"}
+			if openMerge {
+				p = nil
+			}
+			c.Properties[k] = p
 		}
+		if openMerge {
+			c.Closed, c.Additional = false, nil
+		}
+		if st != nil {
+			// The state_schema says which members may exist; the input
+			// only what those it holds look like.
+			c.Closed, c.Additional = false, nil
+		}
+		in = &c
+	} else {
+		in = nil
+	}
+	base := Intersect(st, in)
+	if base == nil {
+		if len(producers) == 0 {
+			return nil
+		}
+		base = &Shape{Type: "object"}
 	}
 	if !base.IsObject() {
 		return base
@@ -366,28 +391,18 @@ func StateShape(def *Definition) *Shape {
 	if s.Required == nil {
 		s.Required = map[string]bool{}
 	}
-	if fromInput && openMerge {
-		for k := range s.Properties {
-			s.Properties[k] = nil
-		}
-		s.Closed, s.Additional = false, nil
-	}
 	for _, name := range order {
 		shapes := producers[name]
 		produced := shapes[0]
 		for _, p := range shapes[1:] {
 			produced = Union(produced, p)
 		}
-		declared, isDeclared := s.Properties[name]
-		switch {
-		case !isDeclared && s.Closed && !fromInput:
-			continue // the state schema forbids it: checks report reads of it
-		case fromInput && isDeclared:
-			produced = Union(declared, produced) // the input's value, or the output
-		case isDeclared:
-			produced = Intersect(declared, produced)
-		case fromInput:
-			s.Closed = s.Closed && !openMerge
+		if st != nil {
+			m := st.Lookup(name)
+			if m.Impossible != "" {
+				continue // the state schema forbids it: checks report reads of it
+			}
+			produced = Intersect(m.Shape, produced)
 		}
 		s.Properties[name] = produced
 		s.Required[name] = true

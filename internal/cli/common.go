@@ -233,11 +233,22 @@ func (e *embeddedFlags) start(listen string, log *slog.Logger) (*natsserver.Serv
 }
 
 // loadWorkflow loads and checks a workflow file with every check the
-// engine and the built-in kinds can make.
+// engine and the built-in kinds can make, for workers of this process
+// (env). Warnings are on the definition (Definition.Warnings).
 func loadWorkflow(path string, env *steps.Env, allowKinds []string) (*schemas.Definition, error) {
 	return schemas.Load(path, schemas.LoadOptions{Checks: []schemas.CheckFunc{
 		engine.Check,
 		steps.Builtins().Check(env, allowKinds...),
+	}})
+}
+
+// loadWorkflowForAnyWorker is loadWorkflow for steps that workers
+// elsewhere will run, whose model mode and keys this process cannot know
+// (steps.Registry.CheckAnyWorker).
+func loadWorkflowForAnyWorker(path string, env *steps.Env, allowKinds []string) (*schemas.Definition, error) {
+	return schemas.Load(path, schemas.LoadOptions{Checks: []schemas.CheckFunc{
+		engine.Check,
+		steps.Builtins().CheckAnyWorker(env, allowKinds...),
 	}})
 }
 
