@@ -26,8 +26,9 @@ var templatePaths = map[string][]string{
 const elem = "[]"
 
 // TemplateRead is one field chain a template reads from its data, from the
-// data's root: {{.state.order.id}} reads ["state", "order", "id"]; inside
-// {{range .state.items}}, {{.sku}} reads ["state", "items", "[]", "sku"].
+// data's root: {{.state.order.id}} reads ["state", "order", "id"];
+// {{range .state.items}} reads ["state", "items", "[]"] (it iterates), and
+// inside it {{.sku}} reads ["state", "items", "[]", "sku"].
 type TemplateRead struct {
 	Chain []string
 	// Pos is the byte offset of the read in the template's text.
@@ -98,6 +99,7 @@ func (w *readWalker) node(n parse.Node, dot []string, vars map[string][]string, 
 		var item []string
 		if c != nil {
 			item = append(append([]string{}, c...), elem)
+			w.reads = append(w.reads, TemplateRead{Chain: item, Pos: int(n.Pos)})
 		}
 		if d := n.Pipe.Decl; len(d) > 0 {
 			// {{range $i, $e := ...}}: $e is the item; {{range $e := ...}} too.
