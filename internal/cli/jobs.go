@@ -301,7 +301,7 @@ warnings, printed to stderr. Exit status: 0 valid (warnings included, unless
 func startError(input string, err error) error {
 	switch {
 	case errors.Is(err, schemas.ErrTooLarge):
-		return &ExitError{Code: 2, Err: fmt.Errorf("input %s: %w", inputName(input), err)}
+		return &ExitError{Code: 2, Err: &inputErr{msg: fmt.Sprintf("input %s: %s", inputName(input), schemas.AsError(err).Message), cause: err}}
 	case errors.Is(err, schemas.ErrInputInvalid), errors.Is(err, schemas.ErrConflict):
 		return &ExitError{Code: 2, Err: err}
 	}
