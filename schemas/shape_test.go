@@ -123,6 +123,21 @@ steps:
 		t.Errorf("open merge: %+v", s)
 	}
 
+	// A state_schema that leaves a member open, and an input_schema that
+	// says what the input holds there: no step replaces it.
+	s = load(`name: w
+version: 1
+input_schema: {type: object, required: [reports], properties: {reports: {type: array, items: {type: object, required: [id], properties: {id: {type: string}}}}}}
+state_schema: {type: object, required: [reports], properties: {reports: {type: array}, out: {type: object}}}
+steps:
+  - id: x
+    kind: noop
+    save_as: out
+`)
+	if item := s.Lookup("reports").Shape.Items; item == nil || item.Lookup("id").Shape.Type != "string" || !item.Lookup("id").Required {
+		t.Errorf("input member under an open state member: %+v", s.Lookup("reports").Shape)
+	}
+
 	if s := load("name: w\nversion: 1\nsteps:\n  - id: x\n    kind: noop\n"); s != nil {
 		t.Errorf("no schemas, nothing saved: %+v, want nil", s)
 	}

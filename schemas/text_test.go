@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -315,4 +316,16 @@ func pointerExists(data []byte, ptr string) bool {
 		}
 	}
 	return true
+}
+
+func ExampleCheckJSONText() {
+	err := schemas.CheckJSONText([]byte(`{"order": {"note": "thanks \ud83d"}}`))
+	var te *schemas.TextError
+	if errors.As(err, &te) {
+		fmt.Println(te.Path, te.Offset)
+		fmt.Println(te.Reason)
+	}
+	// Output:
+	// /order/note 27
+	// \ud83d is one half of a UTF-16 surrogate pair, without the other
 }

@@ -2,6 +2,7 @@ package steps
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"text/template"
@@ -236,4 +237,19 @@ steps:
 	if ps := Builtins().Check(&Env{ModelMode: ModelReplay})(def); len(ps) == 0 || ps[0].Path != "/steps/0/with" || ps[0].Warning {
 		t.Errorf("Check in replay mode: %+v, want an error for the live-only step", ps)
 	}
+}
+
+func ExampleTemplateReads() {
+	t := template.Must(template.New("prompt").Parse(`Order {{.state.order.id}}:
+{{range .state.items}}- {{.sku}} x{{.qty}}
+{{end}}`))
+	for _, r := range TemplateReads(t) {
+		fmt.Println(r)
+	}
+	// Output:
+	// .state.order.id
+	// .state.items
+	// .state.items[]
+	// .state.items[].sku
+	// .state.items[].qty
 }
