@@ -81,12 +81,12 @@ func CheckJSONText(data []byte) error {
 	return nil // a false alarm: `\\ud800` is a backslash and text
 }
 
-// CheckStringsText reports the first value of m (a map of names to
-// strings, such as a job's vars) that is not UTF-8, as CheckJSONText
-// would for the JSON object m encodes to: a *Error of CodeInputInvalid
-// whose cause is a *TextError with path "/" + prefix... (prefix is a JSON
-// Pointer such as "/vars", or ""); Offset is the byte offset in the value.
-// Go strings cannot hold a lone surrogate, only its (invalid) UTF-8 form.
+// CheckStringsText reports the first name or value of m (such as a job's
+// vars), in name order, that is not UTF-8: a *Error of CodeInputInvalid
+// whose cause is a *TextError at prefix + "/" + name (prefix is a JSON
+// Pointer such as "/vars", or ""), with Offset the byte offset in the name
+// or value. A Go string cannot hold a lone surrogate, only its UTF-8-like
+// encoding, which is invalid UTF-8 and reported as such.
 func CheckStringsText(prefix string, m map[string]string) error {
 	for _, k := range sortedKeys(m) {
 		for _, s := range []struct {

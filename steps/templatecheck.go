@@ -70,7 +70,8 @@ type readWalker struct {
 	reads []TemplateRead
 }
 
-// chain is the data path of a value; nil when the walk cannot follow it.
+// list walks a list of nodes. In the walk, a chain is the data path of a
+// value (dot, a variable's value); nil when the walk cannot follow it.
 func (w *readWalker) list(l *parse.ListNode, dot []string, vars map[string][]string, depth int) {
 	if l == nil {
 		return
