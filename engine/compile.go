@@ -3,10 +3,12 @@ package engine
 import (
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"sync"
 	"text/template"
 
 	"github.com/expr-lang/expr"
+	"github.com/expr-lang/expr/types"
 	"github.com/expr-lang/expr/vm"
 	lru "github.com/hashicorp/golang-lru/v2"
 
@@ -54,23 +56,93 @@ type conditionEnv struct {
 }
 
 // Check reports transition conditions that do not compile, for the
-// definition loader (schemas.LoadOptions.Checks).
+// definition loader (schemas.LoadOptions.Checks). Each condition is also
+// type-checked by expr against the shapes the definition declares
+// (schemas.StateShape for state, the step's output_schema for output, the
+// declared vars): reading a member a closed schema does not have, or a
+// condition whose value is not a boolean (it would fail the job after the
+// step's side effects, when it is evaluated), is an error. Where the
+// schemas leave the value's type open, so that expr cannot tell whether it
+// is a boolean, the condition gets a warning instead.
 func Check(def *schemas.Definition) []schemas.Problem {
 	var ps []schemas.Problem
+	var state types.Type
 	for i, s := range def.Steps {
 		for j, t := range s.Next {
 			if t.When == "" {
 				continue
 			}
+			ptr := fmt.Sprintf("/steps/%d/next/%d/when", i, j)
 			if _, err := expr.Compile(t.When, conditionOptions()...); err != nil {
-				ps = append(ps, schemas.Problem{
-					Path:    fmt.Sprintf("/steps/%d/next/%d/when", i, j),
-					Message: fmt.Sprintf("condition does not compile: %v", err),
-				})
+				ps = append(ps, schemas.Problem{Path: ptr, Message: fmt.Sprintf("condition does not compile: %v", err)})
+				continue
+			}
+			if state == nil {
+				state = exprType(schemas.StateShape(def))
+			}
+			prog, err := expr.Compile(t.When, typedConditionOptions(def, state, schemas.ShapeOf(s.OutputSchema))...)
+			switch {
+			case err != nil:
+				ps = append(ps, schemas.Problem{Path: ptr, Message: fmt.Sprintf("condition does not type-check against the declared schemas (state_schema, the step's output_schema, vars): %v", err)})
+			case prog.Node().Type() == nil || prog.Node().Type().Kind() == reflect.Interface:
+				ps = append(ps, schemas.Problem{Path: ptr, Warning: true, Message: "cannot check that this condition gives a boolean: it reads values whose type the schemas leave open; " +
+					"anything else fails the job when the condition is evaluated"})
 			}
 		}
 	}
 	return ps
+}
+
+// typedConditionOptions are conditionOptions with the environment typed
+// from the definition's shapes, for Check only: the programs the engine
+// runs are compiled against conditionEnv.
+func typedConditionOptions(def *schemas.Definition, state types.Type, output *schemas.Shape) []expr.Option {
+	vars := types.Map{}
+	for k := range def.Vars {
+		vars[k] = types.String
+	}
+	env := types.Map{
+		"state":   state,
+		"output":  exprType(output),
+		"vars":    vars,
+		"step":    types.String,
+		"attempt": types.Int,
+	}
+	return []expr.Option{expr.Env(env), expr.AsBool(), expr.DisableBuiltin("now")}
+}
+
+// exprType turns a shape into the expr type of the value a condition sees
+// (decoded JSON: numbers are float64). Open objects keep their declared
+// members typed and any others as any; a closed one has no others.
+func exprType(s *schemas.Shape) types.Type {
+	if s == nil {
+		return types.Any
+	}
+	switch {
+	case s.IsObject():
+		if len(s.Properties) == 0 && !s.Closed {
+			return types.Any
+		}
+		m := types.Map{}
+		for k, p := range s.Properties {
+			m[k] = exprType(p)
+		}
+		if !s.Closed {
+			m[types.Extra] = exprType(s.Additional)
+		}
+		return m
+	case s.Type == "array":
+		return types.Array(exprType(s.Items))
+	case s.Type == "string":
+		return types.String
+	case s.Type == "number", s.Type == "integer":
+		return types.Float64
+	case s.Type == "boolean":
+		return types.Bool
+	case s.Type == "null":
+		return types.Nil
+	}
+	return types.Any
 }
 
 func compile(def *schemas.Definition) (*compiled, error) {

@@ -59,6 +59,7 @@ type Definition struct {
 
 	index     map[string]int
 	canonical []byte
+	warnings  []LocatedProblem
 }
 
 // StepDefaults holds settings every step inherits.

@@ -15,4 +15,13 @@
 //	                                  │
 //	                                  ▼
 //	              canonical JSON ──sha256──► Definition.Hash (pins every job)
+//
+// Before parsing, text that is not Unicode (invalid UTF-8, an escaped lone
+// surrogate) is refused where it stands (CheckJSONText does the same for
+// inputs). The checks the loader runs for the engine and the workers see
+// the state through Shape and StateShape: what the definition's schemas
+// guarantee about each member, so that conditions and templates reading a
+// member that cannot exist are refused at load, and those the schemas
+// leave open are warnings (Problem.Warning, Definition.Warnings).
+// CheckStartSize holds the size limits a job's first writes must fit.
 package schemas

@@ -39,6 +39,9 @@ func FuzzParse(f *testing.F) {
 		"name: x\nversion: 1\nsteps:\n  - id: a\n    kind: model\n    with: {provider: replay, prompt: p}\n    next: [{to: a, when: x}, {fail: f}, {end: true}]\n",
 		`{"name": "x", "version": 1, "steps": [{"id": "a", "kind": "noop", "timeout": "99999999999999999999h"}]}`,
 		`{"name": "x", "version": 1, "assets": {"c": "cassette.json"}, "steps": [{"id": "a", "kind": "noop"}]}`,
+		"name: x\nversion: 1\ndescription: \"\\ud800\\u0041 \\udc00\"\nsteps:\n  - id: a\n    kind: noop\n",
+		"name: x\nversion: 1\ndescription: caf\xe9\nsteps:\n  - {id: a, kind: noop, with: {\"k\xff\": \"\\U0000D800\"}}\n",
+		`{"name": "x", "version": 1, "description": "\ud83d\ude00 \ud83d", "steps": [{"id": "a", "kind": "noop"}]}`,
 	} {
 		f.Add([]byte(s))
 	}

@@ -44,11 +44,18 @@ var workflowValidator = sync.OnceValues(func() (*Validator, error) {
 type Problem struct {
 	Path    string `json:"path"`
 	Message string `json:"message"`
+	// Warning marks what the loader cannot check and the author should
+	// know (a template field the state schema leaves open, a model step
+	// that replay-mode workers cannot run): it does not refuse the
+	// definition. Parse returns warnings with the Definition (Warnings)
+	// or, beside the errors, in the DefinitionError.
+	Warning bool `json:"warning,omitempty"`
 }
 
 // CheckFunc inspects a definition that has passed the workflow schema and
-// the loader's own checks, and reports problems by path. The engine checks
-// transition conditions this way, workers their kinds and templates.
+// the loader's own checks, and reports problems by path; those marked
+// Warning do not refuse it. The engine checks transition conditions this
+// way, workers their kinds and templates.
 type CheckFunc func(*Definition) []Problem
 
 // LoadOptions adjusts Load and Parse.
@@ -78,6 +85,9 @@ type LocatedProblem struct {
 type DefinitionError struct {
 	File     string
 	Problems []LocatedProblem
+	// Warnings are what the checks could not decide (Problem.Warning);
+	// they did not cause the refusal.
+	Warnings []LocatedProblem
 }
 
 // Error gives one line per problem: "file:line:col: path: message".
@@ -90,20 +100,35 @@ func (e *DefinitionError) Error() string {
 	b.WriteString(")")
 	for _, p := range e.Problems {
 		b.WriteString("\n  ")
-		b.WriteString(e.File)
-		if p.Line > 0 {
-			fmt.Fprintf(&b, ":%d", p.Line)
-			if p.Column > 0 {
-				fmt.Fprintf(&b, ":%d", p.Column)
-			}
-		}
-		b.WriteString(": ")
-		if p.Path != "" {
-			b.WriteString(PointerToPath(p.Path))
-			b.WriteString(": ")
-		}
-		b.WriteString(p.Message)
+		b.WriteString(p.Format(e.File))
 	}
+	for _, p := range e.Warnings {
+		b.WriteString("\n  ")
+		b.WriteString(p.Format(e.File))
+	}
+	return b.String()
+}
+
+// Format gives "file:line:col: path: message", with "warning: " before the
+// path of a warning.
+func (p LocatedProblem) Format(file string) string {
+	var b strings.Builder
+	b.WriteString(file)
+	if p.Line > 0 {
+		fmt.Fprintf(&b, ":%d", p.Line)
+		if p.Column > 0 {
+			fmt.Fprintf(&b, ":%d", p.Column)
+		}
+	}
+	b.WriteString(": ")
+	if p.Warning {
+		b.WriteString("warning: ")
+	}
+	if p.Path != "" {
+		b.WriteString(PointerToPath(p.Path))
+		b.WriteString(": ")
+	}
+	b.WriteString(p.Message)
 	return b.String()
 }
 
@@ -133,12 +158,16 @@ func Parse(name string, data []byte, opts LoadOptions) (*Definition, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil, fail(LocatedProblem{Problem: Problem{Message: "file is empty"}})
 	}
-	if strings.EqualFold(filepath.Ext(name), ".json") {
+	isJSON := strings.EqualFold(filepath.Ext(name), ".json")
+	if isJSON {
 		// YAML accepts what JSON does not (trailing commas, single quotes,
 		// comments); a .json file must be JSON.
 		if p, bad := jsonSyntaxProblem(data); bad {
 			return nil, fail(p)
 		}
+	}
+	if p, bad := definitionTextProblem(data, isJSON); bad {
+		return nil, fail(p)
 	}
 	file, err := parser.ParseBytes(data, 0)
 	if err != nil {
@@ -169,15 +198,16 @@ func Parse(name string, data []byte, opts LoadOptions) (*Definition, error) {
 		line, col := loc.position("")
 		return nil, fail(LocatedProblem{Problem: Problem{Message: err.Error()}, Line: line, Column: col})
 	}
-	locate := func(ps []Problem) error {
+	located := func(ps []Problem) []LocatedProblem {
 		out := make([]LocatedProblem, 0, len(ps))
 		for _, p := range ps {
 			line, col := loc.position(p.Path)
 			out = append(out, LocatedProblem{Problem: p, Line: line, Column: col})
 		}
 		sort.SliceStable(out, func(i, j int) bool { return out[i].Line < out[j].Line })
-		return fail(out...)
+		return out
 	}
+	locate := func(ps []Problem) error { return fail(located(ps)...) }
 
 	wv, err := workflowValidator()
 	if err != nil {
@@ -212,11 +242,27 @@ func Parse(name string, data []byte, opts LoadOptions) (*Definition, error) {
 			ps = append(ps, check(def)...)
 		}
 	}
-	if len(ps) > 0 {
-		return nil, locate(ps)
+	var errs, warns []Problem
+	for _, p := range ps {
+		if p.Warning {
+			warns = append(warns, p)
+		} else {
+			errs = append(errs, p)
+		}
+	}
+	if len(errs) > 0 {
+		return nil, &DefinitionError{File: name, Problems: located(errs), Warnings: located(warns)}
+	}
+	if len(warns) > 0 {
+		def.warnings = located(warns)
 	}
 	return def, nil
 }
+
+// Warnings returns what the loader's checks could not decide about d
+// (Problem.Warning), in line order; nil for a definition decoded from
+// storage, which is not checked again.
+func (d *Definition) Warnings() []LocatedProblem { return d.warnings }
 
 // DecodeDefinition decodes the canonical JSON of a stored definition and
 // sets its Hash to the SHA-256 of data. It does not re-run the loader's
@@ -524,7 +570,16 @@ func embedAssets(m map[string]any, base string) []Problem {
 				ps = append(ps, Problem{Path: ptr, Message: fmt.Sprintf("asset %s is not valid JSON: %v", rel, err)})
 				continue
 			}
+			if err := CheckJSONText(data); err != nil {
+				ps = append(ps, Problem{Path: ptr, Message: fmt.Sprintf("asset %s: %s", rel, AsError(err).Message)})
+				continue
+			}
 			assets[name] = v
+			continue
+		}
+		if off, b, ok := firstInvalidUTF8(string(data)); !ok {
+			line, col := lineColumn(data, off)
+			ps = append(ps, Problem{Path: ptr, Message: fmt.Sprintf("asset %s:%d:%d: invalid UTF-8 byte 0x%02x (byte %d); a text asset must be UTF-8", rel, line, col, b, off)})
 			continue
 		}
 		assets[name] = string(data)

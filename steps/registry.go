@@ -191,28 +191,88 @@ func (r *Registry) Names() []string {
 
 // Check returns a schemas.CheckFunc that reports steps whose kind is not
 // registered here (unless allowed lists it: kinds only remote workers
-// know), steps whose settings their kind rejects, and idempotency_key
-// templates that do not parse or read a secret.
+// know), steps whose settings their kind rejects when prepared with env,
+// and template fields that the state schema rules out (warnings for those
+// it leaves open; see checkTemplates). Use it where the workers that will
+// run the steps are this process's, with env (engine run); CheckAnyWorker
+// where they are not.
 func (r *Registry) Check(env *Env, allowed ...string) schemas.CheckFunc {
+	return r.check(allowed, func(k Kind, p *Prep) []schemas.Problem {
+		p.Env = env
+		if _, err := k.Prepare(p); err != nil {
+			return []schemas.Problem{{Path: fmt.Sprintf("/steps/%d/with", p.Index), Message: err.Error()}}
+		}
+		return nil
+	})
+}
+
+// CheckAnyWorker is Check for steps that workers elsewhere will run, with
+// settings this process cannot know (engine validate, engine start, the
+// HTTP API): a model step may be answered live (the worker has the API
+// key, or the step a base_url) or from its cassette (--model-mode replay,
+// or no key), so a step is refused only when neither could run it. When
+// one of them could not, the step gets a warning that says which and why
+// (a live-only step without a cassette cannot run on a worker in replay
+// mode). env gives what is known (services); its model mode and keys are
+// ignored.
+func (r *Registry) CheckAnyWorker(env *Env, allowed ...string) schemas.CheckFunc {
+	base := Env{}
+	if env != nil {
+		base = *env
+	}
+	live, replay := base, base
+	live.ModelMode = ModelLive
+	live.Getenv = func(name string) string {
+		if name == RecordCassetteEnv {
+			return ""
+		}
+		return "(a key the worker has)" // any provider key: assume the worker was given it
+	}
+	replay.ModelMode = ModelReplay
+	return r.check(allowed, func(k Kind, p *Prep) []schemas.Problem {
+		ptr := fmt.Sprintf("/steps/%d/with", p.Index)
+		lp, rp := *p, *p
+		lp.Env, rp.Env = &live, &replay
+		_, liveErr := k.Prepare(&lp)
+		_, replayErr := k.Prepare(&rp)
+		switch {
+		case liveErr == nil && replayErr == nil:
+			return nil
+		case liveErr != nil && replayErr != nil && liveErr.Error() == replayErr.Error():
+			return []schemas.Problem{{Path: ptr, Message: liveErr.Error()}}
+		case liveErr != nil && replayErr != nil:
+			return []schemas.Problem{{Path: ptr, Message: fmt.Sprintf("no worker can run this step: calling the provider, %v; replaying, %v", liveErr, replayErr)}}
+		case replayErr != nil:
+			return []schemas.Problem{{Path: ptr, Warning: true, Message: fmt.Sprintf(
+				"workers that replay (--model-mode replay, or auto without the provider's API key) cannot run this step: %v", replayErr)}}
+		}
+		return []schemas.Problem{{Path: ptr, Warning: true, Message: fmt.Sprintf(
+			"workers that call the provider (--model-mode live, or auto with the API key) cannot run this step: %v", liveErr)}}
+	})
+}
+
+// check runs prepare on every step of a registered kind, and the template
+// checks on every step.
+func (r *Registry) check(allowed []string, prepare func(Kind, *Prep) []schemas.Problem) schemas.CheckFunc {
 	return func(def *schemas.Definition) []schemas.Problem {
 		var ps []schemas.Problem
+		state := schemas.StateShape(def)
 		for i := range def.Steps {
 			s := &def.Steps[i]
 			// idempotency_key templates are checked by the loader itself
 			// (schemas.ParseEffectKey): the engine renders them, and they may
 			// not read secrets.
 			k, ok := r.Lookup(s.Kind)
-			if !ok {
-				if contains(allowed, s.Kind) {
-					continue
-				}
+			switch {
+			case ok:
+				ps = append(ps, prepare(k, &Prep{Definition: def, Step: s, Index: i})...)
+			case !contains(allowed, s.Kind):
 				ps = append(ps, schemas.Problem{Path: fmt.Sprintf("/steps/%d/kind", i),
-					Message: fmt.Sprintf("unknown step kind %q; known: %s", s.Kind, strings.Join(r.Names(), ", "))})
+					Message: fmt.Sprintf("unknown step kind %q (known: %s); if workers of your own binary register it, allow it with --allow-kind %s",
+						s.Kind, strings.Join(r.Names(), ", "), s.Kind)})
 				continue
 			}
-			if _, err := k.Prepare(&Prep{Definition: def, Step: s, Index: i, Env: env}); err != nil {
-				ps = append(ps, schemas.Problem{Path: fmt.Sprintf("/steps/%d/with", i), Message: err.Error()})
-			}
+			ps = append(ps, checkTemplates(def, i, state)...)
 		}
 		return ps
 	}

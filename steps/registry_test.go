@@ -100,7 +100,7 @@ func TestRegistryCheck(t *testing.T) {
 	def := parseDef(t, checkWorkflow)
 	got := Builtins().Check(&Env{}, "acme.remote")(def)
 	want := []struct{ path, contains string }{
-		{"/steps/1/kind", `unknown step kind "enrich"; known: http, model, noop`},
+		{"/steps/1/kind", `unknown step kind "enrich" (known: http, model, noop); if workers of your own binary register it, allow it with --allow-kind enrich`},
 		{"/steps/3/with", "Idempotency-Key is set by Waymark"},
 		{"/steps/4/with", "needs a cassette"},
 	}

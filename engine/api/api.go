@@ -32,7 +32,10 @@ const MaxRequestBytes = 8 << 20
 //	GET  /healthz                   → {"status": "ok"}
 //
 // Errors are {"error": {"code", "message", "problems"?}} with 400 for bad
-// input, 404 for unknown jobs and workflows, 500 otherwise.
+// input (text that is not UTF-8, or a lone surrogate, is named by its JSON
+// path), 404 for unknown jobs and workflows, 409 for a job id taken by
+// another job, 413 for a body over MaxRequestBytes or an input too large
+// to start (too_large), 500 otherwise.
 type API struct {
 	Client *client.Client
 	// Checks run on uploaded definitions besides the schema (transition
@@ -110,7 +113,9 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status, body.Code = http.StatusBadRequest, schemas.AsError(err).Code
 	case errors.Is(err, schemas.ErrQuarantined):
 		status, body.Code = http.StatusConflict, schemas.CodeQuarantined
-	case errors.Is(err, client.ErrNotAmbiguous), errors.Is(err, schemas.ErrConflict), errors.Is(err, schemas.ErrTooLarge):
+	case errors.Is(err, schemas.ErrTooLarge):
+		status, body.Code = http.StatusRequestEntityTooLarge, schemas.CodeTooLarge
+	case errors.Is(err, client.ErrNotAmbiguous), errors.Is(err, schemas.ErrConflict):
 		status, body.Code = http.StatusConflict, schemas.CodeConflict
 	}
 	if status == http.StatusInternalServerError && a.Logger != nil {
@@ -134,10 +139,22 @@ func badRequest(format string, args ...any) error {
 	return schemas.Errorf(schemas.CodeInputInvalid, format, args...)
 }
 
-func (a *API) putWorkflow(w http.ResponseWriter, r *http.Request) {
+// readBody reads a request body of at most MaxRequestBytes; a longer one
+// is schemas.ErrTooLarge (413).
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
+	if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+		return nil, schemas.Errorf(schemas.CodeTooLarge, "request body is over the limit of %d bytes", mbe.Limit)
+	} else if err != nil {
+		return nil, badRequest("read body: %v", err)
+	}
+	return data, nil
+}
+
+func (a *API) putWorkflow(w http.ResponseWriter, r *http.Request) {
+	data, err := readBody(w, r)
 	if err != nil {
-		a.fail(w, r, badRequest("read body: %v", err))
+		a.fail(w, r, err)
 		return
 	}
 	def, err := schemas.Parse("request body", data, schemas.LoadOptions{Checks: a.Checks, NoAssetFiles: true})
@@ -163,16 +180,24 @@ type StartJobRequest struct {
 }
 
 func (a *API) startJob(w http.ResponseWriter, r *http.Request) {
+	data, err := readBody(w, r)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
 	var req StartJobRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
+	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
 		a.fail(w, r, badRequest("request body: %v", err))
 		return
 	}
+	if err := schemas.CheckJSONText(data); err != nil {
+		a.fail(w, r, fmt.Errorf("request body: %w", err))
+		return
+	}
 	ctx := r.Context()
 	var def *schemas.Definition
-	var err error
 	switch {
 	case (req.Workflow == "") == (req.DefinitionHash == ""):
 		a.fail(w, r, badRequest("set exactly one of workflow and definition_hash"))
@@ -321,9 +346,13 @@ type ResolveEffectRequest struct {
 }
 
 func (a *API) resolveEffect(w http.ResponseWriter, r *http.Request) {
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
+	data, err := readBody(w, r)
 	if err != nil {
-		a.fail(w, r, badRequest("read body: %v", err))
+		a.fail(w, r, err)
+		return
+	}
+	if err := schemas.CheckJSONText(data); err != nil {
+		a.fail(w, r, fmt.Errorf("request body: %w", err))
 		return
 	}
 	var req ResolveEffectRequest

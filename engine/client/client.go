@@ -145,6 +145,9 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 	if len(bytes.TrimSpace(input)) == 0 {
 		input = json.RawMessage("{}")
 	}
+	if err := schemas.CheckStartText(input, opts.Vars); err != nil {
+		return StartResult{}, fmt.Errorf("start job %s: %w", id, err)
+	}
 	req := &schemas.StartRequest{JobID: id, DefinitionHash: def.Hash, Input: input, Vars: opts.Vars, RequestedAt: c.now().UTC()}
 	checked, err := schemas.CheckJobInput(input, v.input, v.state)
 	if err != nil {
@@ -152,14 +155,9 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 		return StartResult{}, (&schemas.Error{Code: e.Code, Message: e.Message, Job: id}).WithCause(e.Unwrap())
 	}
 	cp := schemas.NewPendingCheckpoint(def, req, checked, schemas.StartMsgID(id), c.now().UTC())
-	// Refuse here what the engine could not store: the first checkpoint
-	// holds the input as the state, and the start request carries it.
-	if _, err := c.store.Checkpoints.Encode(cp); err != nil {
-		return StartResult{}, fmt.Errorf("start job %s: the input is too large to checkpoint: %w", id, err)
-	}
-	if limit := int(c.store.Config.MaxMessageBytes) - 8192; len(input) > limit {
-		return StartResult{}, fmt.Errorf("start job %s: %w", id, &schemas.Error{Code: schemas.CodeTooLarge, Job: id,
-			Message: fmt.Sprintf("input is %d bytes; a start request may carry at most %d", len(input), limit)})
+	// Refuse here what the engine could not store or publish once it starts the job.
+	if err := schemas.CheckStartSize(def, req, cp, schemas.SizeLimits{MaxValueBytes: int(c.store.Config.MaxValueBytes), MaxMessageBytes: int(c.store.Config.MaxMessageBytes)}); err != nil {
+		return StartResult{}, fmt.Errorf("start job %s: %w", id, err)
 	}
 	if _, done := c.stored.Load(def.Hash); !done {
 		if err := c.store.Definitions.Put(ctx, def); err != nil {
@@ -618,6 +616,9 @@ func (c *Client) ResolveEffect(ctx context.Context, key string, r schemas.Effect
 	}
 	if len(r.Result) > 0 && !json.Valid(r.Result) {
 		return nil, schemas.Errorf(schemas.CodeInputInvalid, "resolve effect %s: the result is not valid JSON", key)
+	}
+	if err := schemas.CheckResolutionText(r); err != nil {
+		return nil, fmt.Errorf("resolve effect %s: %w", key, err)
 	}
 	ent, err := c.store.Effects.Get(ctx, key)
 	if err != nil {

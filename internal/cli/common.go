@@ -130,11 +130,22 @@ func (e *embeddedFlags) start(listen string, log *slog.Logger) (*natsserver.Serv
 }
 
 // loadWorkflow loads and checks a workflow file with every check the
-// engine and the built-in kinds can make.
+// engine and the built-in kinds can make, for workers of this process
+// (env). Warnings are on the definition (Definition.Warnings).
 func loadWorkflow(path string, env *steps.Env, allowKinds []string) (*schemas.Definition, error) {
 	return schemas.Load(path, schemas.LoadOptions{Checks: []schemas.CheckFunc{
 		engine.Check,
 		steps.Builtins().Check(env, allowKinds...),
+	}})
+}
+
+// loadWorkflowForAnyWorker is loadWorkflow for steps that workers
+// elsewhere will run, whose model mode and keys this process cannot know
+// (steps.Registry.CheckAnyWorker).
+func loadWorkflowForAnyWorker(path string, env *steps.Env, allowKinds []string) (*schemas.Definition, error) {
+	return schemas.Load(path, schemas.LoadOptions{Checks: []schemas.CheckFunc{
+		engine.Check,
+		steps.Builtins().CheckAnyWorker(env, allowKinds...),
 	}})
 }
 
@@ -168,6 +179,18 @@ func readInput(path string, stdin io.Reader) (json.RawMessage, error) {
 			return nil, fmt.Errorf("input %s:%d:%d: not valid JSON: %v", path, line, col, err)
 		}
 		return nil, fmt.Errorf("input %s: not valid JSON: %v", path, err)
+	}
+	if err := schemas.CheckJSONText(data); err != nil {
+		file := path
+		if path == "-" {
+			file = "stdin"
+		}
+		var te *schemas.TextError
+		if errors.As(err, &te) {
+			line, col := lineCol(data, int64(te.Offset))
+			file = fmt.Sprintf("%s:%d:%d", file, line, col)
+		}
+		return nil, &inputErr{msg: fmt.Sprintf("input %s: %s", file, schemas.AsError(err).Message), cause: err}
 	}
 	return json.RawMessage(data), nil
 }
@@ -205,6 +228,13 @@ func parseVars(pairs []string, def *schemas.Definition) (map[string]string, erro
 			return nil, fmt.Errorf("--var %q: workflow %s declares no var %q (%s)", p, def.Name, k, declares)
 		}
 		out[k] = v
+	}
+	if err := schemas.CheckStringsText("", out); err != nil {
+		var te *schemas.TextError
+		if errors.As(err, &te) {
+			return nil, fmt.Errorf("--var %s: the value holds %s at byte %d; vars must be UTF-8 text", strings.TrimPrefix(te.Path, "/"), te.Reason, te.Offset)
+		}
+		return nil, err
 	}
 	return out, nil
 }

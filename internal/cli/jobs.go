@@ -60,7 +60,7 @@ as with engine run. Exit status: 0 started (or attached to the job of that
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
-			def, err := loadWorkflow(args[0], env, sf.allowKinds)
+			def, err := loadWorkflowForAnyWorker(args[0], env, sf.allowKinds)
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
@@ -97,7 +97,7 @@ as with engine run. Exit status: 0 started (or attached to the job of that
 	fl.StringArrayVar(&vars, "var", nil, "name=value overriding one of the workflow's vars (repeatable)")
 	fl.StringVarP(&output, "output", "o", "text", "text (the job id) or json")
 	fl.StringArrayVar(&sf.allowKinds, "allow-kind", nil, "a step kind only remote workers know (repeatable)")
-	sf.ModelMode = steps.ModelReplay // loading only checks settings; no model is called here
+	sf.ModelMode = steps.ModelAuto // not used: the workers' mode is unknown here
 	return cmd
 }
 
@@ -257,17 +257,31 @@ func newHistoryCmd(g *globals) *cobra.Command {
 
 func newValidateCmd(g *globals) *cobra.Command {
 	var input string
+	var strict bool
 	var sf stepFlags
 	cmd := &cobra.Command{
 		Use:   "validate WORKFLOW [--input FILE]",
 		Short: "Check a workflow definition (and an input) without running anything",
-		Args:  exactArgs(1),
+		Long: `Validate loads WORKFLOW with every check the engine and the built-in step kinds
+make: the schema, step references, transition conditions (compiled, and
+type-checked against state_schema, output_schema and vars), step settings, and
+the fields templates read (against state_schema). What the schemas leave open,
+and model steps that some workers cannot run (no cassette for replay mode), are
+warnings, printed to stderr. Exit status: 0 valid (warnings included, unless
+--strict), 2 invalid.`,
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sf.ModelMode = steps.ModelReplay
+			sf.ModelMode = steps.ModelAuto
 			env, _ := sf.env()
-			def, err := loadWorkflow(args[0], env, sf.allowKinds)
+			def, err := loadWorkflowForAnyWorker(args[0], env, sf.allowKinds)
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
+			}
+			for _, w := range def.Warnings() {
+				fmt.Fprintln(g.stderr, w.Format(args[0]))
+			}
+			if strict && len(def.Warnings()) > 0 {
+				return &ExitError{Code: 2, Err: fmt.Errorf("%s: %s (--strict)", args[0], plural(len(def.Warnings()), "warning", "warnings"))}
 			}
 			if input != "" {
 				in, err := readInput(input, cmd.InOrStdin())
@@ -278,11 +292,16 @@ func newValidateCmd(g *globals) *cobra.Command {
 					return &ExitError{Code: 2, Err: inputError(input, in, err)}
 				}
 			}
-			fmt.Fprintf(g.stdout, "%s: ok (%s v%d, %s, definition %s)\n", args[0], def.Name, def.Version, plural(len(def.Steps), "step", "steps"), def.Hash[:12])
+			warned := ""
+			if n := len(def.Warnings()); n > 0 {
+				warned = ", " + plural(n, "warning", "warnings")
+			}
+			fmt.Fprintf(g.stdout, "%s: ok (%s v%d, %s, definition %s%s)\n", args[0], def.Name, def.Version, plural(len(def.Steps), "step", "steps"), def.Hash[:12], warned)
 			return nil
 		},
 	}
 	cmd.Flags().StringVarP(&input, "input", "i", "", "also check this input against the input schema")
+	cmd.Flags().BoolVar(&strict, "strict", false, "treat warnings as errors (exit status 2)")
 	cmd.Flags().StringArrayVar(&sf.allowKinds, "allow-kind", nil, "a step kind only remote workers know (repeatable)")
 	return cmd
 }
@@ -293,7 +312,7 @@ func newValidateCmd(g *globals) *cobra.Command {
 func startError(input string, err error) error {
 	switch {
 	case errors.Is(err, schemas.ErrTooLarge):
-		return &ExitError{Code: 2, Err: fmt.Errorf("input %s: %w", inputName(input), err)}
+		return &ExitError{Code: 2, Err: &inputErr{msg: fmt.Sprintf("input %s: %s", inputName(input), schemas.AsError(err).Message), cause: err}}
 	case errors.Is(err, schemas.ErrInputInvalid), errors.Is(err, schemas.ErrConflict):
 		return &ExitError{Code: 2, Err: err}
 	}

@@ -81,6 +81,7 @@ and resumes on the next run).`,
 	fl.DurationVar(&f.timeout, "timeout", 0, "give up waiting after this long (the job stays saved); 0 waits forever")
 	f.embedded.bind(cmd)
 	f.steps.bind(cmd)
+	fl.StringArrayVar(&f.steps.allowKinds, "allow-kind", nil, "a step kind only separate workers know (with --workers 0 or --nats-url; repeatable)")
 	return cmd
 }
 

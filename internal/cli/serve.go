@@ -55,6 +55,7 @@ nats CLI, "engine start" and separate "worker" processes reach it. The HTTP API
 	fl.BoolVar(&f.demo, "demo", false, "start the bundled demo services (tickets, payments, records, mail) for in-process workers")
 	f.embedded.bind(cmd)
 	f.steps.bind(cmd)
+	fl.StringArrayVar(&f.steps.allowKinds, "allow-kind", nil, "a step kind only remote workers know, accepted in workflows posted to the API (repeatable)")
 	return cmd
 }
 
@@ -107,7 +108,7 @@ func serve(ctx context.Context, g *globals, f *serveFlags) error {
 		for _, w := range st.workers {
 			registerWorkerMetrics(reg, w)
 		}
-		api := &api.API{Client: client.New(st.store), Logger: log, Checks: []schemas.CheckFunc{engine.Check, steps.Builtins().Check(env, f.steps.allowKinds...)}}
+		api := &api.API{Client: client.New(st.store), Logger: log, Checks: []schemas.CheckFunc{engine.Check, steps.Builtins().CheckAnyWorker(env, f.steps.allowKinds...)}}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.Handle("/", api.Handler())
