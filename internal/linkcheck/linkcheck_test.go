@@ -32,6 +32,8 @@ func TestLinkage(t *testing.T) {
 	}{
 		{module + "/workercmd", []string{enginePkg, natsServer}},
 		{module + "/cmd/worker", []string{enginePkg, natsServer}},
+		// A program that only starts and watches jobs.
+		{module + "/engine/client", []string{enginePkg, natsServer}},
 	}
 	for _, r := range rows {
 		t.Run(strings.TrimPrefix(r.pkg, module+"/"), func(t *testing.T) {
