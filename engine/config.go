@@ -74,6 +74,10 @@ type Config struct {
 	// the engine's goroutines and must not block: for benchmarks and
 	// observers that cannot afford a KV watch.
 	OnWrite func(cp *schemas.Checkpoint)
+
+	// beforeDecide, when set (tests), runs before each job's transition is
+	// decided.
+	beforeDecide func(job string)
 }
 
 // WithDefaults returns c with zero fields set to their defaults.

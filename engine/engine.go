@@ -120,14 +120,11 @@ func (e *Engine) Run(ctx context.Context) error {
 		default:
 		}
 	}
+	// A reconnection may follow a server restart: check the queues then.
+	var reconnected chan nats.Status
 	if nc := e.store.JS.Conn(); nc != nil {
-		prev := nc.Opts.ReconnectedCB
-		nc.SetReconnectHandler(func(c *nats.Conn) {
-			if prev != nil {
-				prev(c)
-			}
-			signalLost() // check the queues: the server may have restarted
-		})
+		reconnected = nc.StatusChanged(nats.CONNECTED)
+		defer nc.RemoveStatusListener(reconnected)
 	}
 	consume := func(cons jetstream.Consumer) (jetstream.ConsumeContext, error) {
 		return cons.Consume(func(m jetstream.Msg) {
@@ -175,6 +172,8 @@ func (e *Engine) Run(ctx context.Context) error {
 			done = true
 		case <-requeueAgain:
 			requeue()
+		case <-reconnected:
+			signalLost()
 		case <-lost:
 			// Make sure the layout exists, rebuild lost queues, and consume
 			// again from a consumer that exists.

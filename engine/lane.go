@@ -211,13 +211,19 @@ func (e *Engine) safeDecide(ctx context.Context, p *plan) (redo bool) {
 			buf = buf[:runtime.Stack(buf, false)]
 			e.ctr.panics.Add(1)
 			p.next, p.republish, p.dispatch, p.outbox = nil, false, false, nil
-			p.err = fmt.Errorf("job %s: %w: deciding the transition panicked: %v", p.job, schemas.ErrQuarantined, r)
+			p.err = fmt.Errorf("job %s: %w: %v", p.job, errPanicked, r)
 			e.log.Error("contained a panic while deciding a transition; the job's messages are held back", "job", p.job, "panic", fmt.Sprint(r), "stack", string(buf))
 			redo = false
 		}
 	}()
+	if e.cfg.beforeDecide != nil {
+		e.cfg.beforeDecide(p.job)
+	}
 	return e.decide(ctx, p)
 }
+
+// errPanicked: deciding a job's transition panicked (contained).
+var errPanicked = errors.New("deciding the transition panicked")
 
 // handleBatchSync handles a batch to the end: decide, write, publish,
 // acknowledge. For callers without a lane (tests).
@@ -552,8 +558,11 @@ func (e *Engine) settle(ps []*plan) {
 			case p.err != nil:
 				e.ctr.handleErrors.Add(1)
 				delay := time.Second
-				if errors.Is(p.err, schemas.ErrQuarantined) {
+				switch {
+				case errors.Is(p.err, schemas.ErrQuarantined):
 					delay = 30 * time.Second // a person must act first
+				case errors.Is(p.err, errPanicked):
+					delay = e.store.Config.InboxAckWait // a bug: try again, not in a loop
 				}
 				_ = it.msg.NakWithDelay(delay)
 			default:

@@ -353,7 +353,9 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 	if err != nil {
 		return nil, nil, err
 	}
-	s.Effects = &Effects{kv: eff, js: s.JS, maxBytes: int(c.MaxValueBytes)}
+	if s.Effects == nil { // Open; Reopen keeps the stores it made (they name their buckets)
+		s.Effects = &Effects{kv: eff, js: s.JS, maxBytes: int(c.MaxValueBytes)}
+	}
 	defs, err = s.ensureBucket(ctx, jetstream.KeyValueConfig{
 		Bucket:       n.DefinitionBucket,
 		Description:  "Waymark workflow definitions: key = sha256 of the canonical JSON; name.<workflow> = latest hash",
@@ -417,7 +419,9 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 	if err != nil {
 		return nil, nil, err
 	}
-	s.Jobs = &Jobs{kv: jobs, js: s.JS, names: n}
+	if s.Jobs == nil {
+		s.Jobs = &Jobs{kv: jobs, js: s.JS, names: n}
+	}
 	queues, recorded, err := s.queueStorage(ctx, defs)
 	if err != nil {
 		return nil, nil, err

@@ -163,12 +163,28 @@ func registerEngineMetrics(reg *prometheus.Registry, e *engine.Engine) {
 	counter("jobs_blocked", "Jobs stopped on an ambiguous effect (needs_reconciliation).", func(s engine.Stats) uint64 { return s.JobsBlocked })
 	counter("effects_reconciled", "Ambiguous effects resolved by a person, setting their job going again.", func(s engine.Stats) uint64 { return s.EffectsResolved })
 	counter("dead_letters", "Step messages that reached the work consumer's max deliveries (poison steps).", func(s engine.Stats) uint64 { return s.DeadLetters })
-	counter("effects_swept", "Effect records removed after their retention.", func(s engine.Stats) uint64 { return s.EffectsSwept })
+	counter("effects_swept", "Effect records removed with their job after its retention.", func(s engine.Stats) uint64 { return s.EffectsSwept })
+	counter("jobs_swept", "Finished jobs removed after their retention (checkpoint, history, index entry, effect records).", func(s engine.Stats) uint64 { return s.JobsSwept })
+	counter("history_republished", "Transitions whose events were published again before the next checkpoint, because this engine could not tell they were stored.", func(s engine.Stats) uint64 { return s.HistoryRepublished })
+	counter("definition_blocked", "Jobs blocked because their pinned definition could not be loaded.", func(s engine.Stats) uint64 { return s.DefinitionBlocked })
+	counter("definition_unblocked", "Blocked jobs that went on once their definition could be loaded again.", func(s engine.Stats) uint64 { return s.DefinitionUnblocked })
+	counter("effects_marked_ambiguous", "Effects marked ambiguous because their step failed for good while the call may have happened.", func(s engine.Stats) uint64 { return s.MarkedAmbiguous })
+	counter("panics", "Panics contained while deciding one job's transition.", func(s engine.Stats) uint64 { return s.Panics })
+	counter("quarantined", "Times a job's messages were held back because its checkpoint cannot be trusted.", func(s engine.Stats) uint64 { return s.Quarantined })
+	counter("index_repaired", "Job index entries the reconciler fixed after a crash between two writes.", func(s engine.Stats) uint64 { return s.IndexRepaired })
 	counter("requeued", "Steps dispatched again because the queues were lost (memory queues, server restart).", func(s engine.Stats) uint64 { return s.Requeued })
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "waymark", Subsystem: "engine", Name: "oldest_running_checkpoint_age_seconds",
 		Help: "Time since the oldest running job's checkpoint was written, at the last reconcile pass (snapshot age).",
 	}, func() float64 { return float64(e.Stats().OldestRunningAgeMs) / 1000 }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "waymark", Subsystem: "engine", Name: "active_jobs",
+		Help: "Jobs that may still change (the job index's active entries), at the last reconcile pass.",
+	}, func() float64 { return float64(e.Stats().ActiveJobs) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "waymark", Subsystem: "engine", Name: "steps_waiting_for_workers",
+		Help: "Running jobs whose step message waits in its pool's queue past its deadline, at the last reconcile pass.",
+	}, func() float64 { return float64(e.Stats().StepsWaitingForWorkers) }))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "waymark", Subsystem: "engine", Name: "first_progress_seconds",
 		Help: "Time from engine start to its first applied transition; 0 until then.",

@@ -1,0 +1,587 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/waymark-dev/waymark/engine/client"
+	"github.com/waymark-dev/waymark/internal/testsupport"
+	"github.com/waymark-dev/waymark/kv"
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+const fiveSteps = `
+name: five
+version: 1
+steps:
+  - {id: s1, kind: noop, next: [{to: s2}]}
+  - {id: s2, kind: noop, next: [{to: s3}]}
+  - {id: s3, kind: noop, next: [{to: s4}]}
+  - {id: s4, kind: noop, next: [{to: s5}]}
+  - {id: s5, kind: noop}
+`
+
+// runEngine runs another engine until the test ends, on cfg.Store or, when
+// nil, b's store.
+func (b *bundle) runEngine(cfg Config) *Engine {
+	b.t.Helper()
+	if cfg.Store == nil {
+		cfg.Store = b.store
+	}
+	if cfg.ReconcileInterval == 0 {
+		cfg.ReconcileInterval = -1
+	}
+	e, err := New(cfg)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := e.Run(ctx); err != nil {
+			b.t.Errorf("engine run: %v", err)
+		}
+	}()
+	b.t.Cleanup(func() { cancel(); <-done })
+	return e
+}
+
+// historyMessages reads every message of the history stream, by subject.
+func allHistory(t *testing.T, st *kv.Store) []*jetstream.RawStreamMsg {
+	t.Helper()
+	ctx := context.Background()
+	s, err := st.JS.Stream(ctx, st.Names.HistoryStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*jetstream.RawStreamMsg
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// TestHistoryIsStoredOncePerTransition: with two engines taking turns on
+// the same jobs and no checkpoint cache, every transition's events reach
+// the history stream exactly once, in sequence order, and no checkpoint
+// carries another transition's events.
+func TestHistoryIsStoredOncePerTransition(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		cacheBytes int
+	}{{"no cache", -1}, {"cache", 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var outboxes sync.Map // job → a checkpoint that carried another sequence's events
+			onWrite := func(cp *schemas.Checkpoint) {
+				for _, ev := range cp.Events {
+					if ev.Data.Seq != cp.Seq {
+						outboxes.Store(cp.JobID, fmt.Sprintf("seq %d carries an event of seq %d", cp.Seq, ev.Data.Seq))
+					}
+				}
+			}
+			b := setup(t, setupOptions{engine: Config{CacheBytes: tc.cacheBytes, OnWrite: onWrite}})
+			second := b.runEngine(Config{CacheBytes: tc.cacheBytes, OnWrite: onWrite})
+			b.worker(echo)
+			def := b.define(fiveSteps)
+			const jobs = 20
+			var ids []string
+			for i := range jobs {
+				ids = append(ids, b.start(def, `{}`, fmt.Sprintf("h-%d", i)))
+			}
+			final := map[string]uint64{}
+			for _, id := range ids {
+				v := b.wait(id)
+				if v.Status != schemas.JobCompleted {
+					t.Fatalf("job %s: %s", id, v.Status)
+				}
+				final[id] = v.Seq
+			}
+			outboxes.Range(func(k, v any) bool { t.Errorf("job %s: %s", k, v); return true })
+			// The last transition's events are published after its write:
+			// wait until every job's last sequence is in the stream.
+			per := map[string]map[uint64]int{}
+			testsupport.Eventually(t, 10*time.Second, func() bool {
+				per = map[string]map[uint64]int{}
+				for _, m := range allHistory(t, b.store) {
+					if strings.HasSuffix(m.Subject, ".effects") {
+						continue
+					}
+					job := strings.TrimPrefix(m.Subject, b.store.Names.HistoryPrefix)
+					seq, err := strconv.ParseUint(m.Header.Get(kv.HeaderSeq), 10, 64)
+					if err != nil {
+						t.Fatalf("history message %s has no %s header", m.Header.Get(jetstream.MsgIDHeader), kv.HeaderSeq)
+					}
+					if per[job] == nil {
+						per[job] = map[uint64]int{}
+					}
+					per[job][seq]++
+				}
+				for _, id := range ids {
+					if per[id][final[id]] == 0 {
+						return false
+					}
+				}
+				return true
+			}, "the final transitions never reached the history stream")
+			// Sequence 1 is the pending checkpoint its client created: no
+			// events. Every later one is a transition with events.
+			for _, id := range ids {
+				for seq := uint64(2); seq <= final[id]; seq++ {
+					if n := per[id][seq]; n != 1 {
+						t.Errorf("job %s, seq %d: %d history messages, want exactly 1", id, seq, n)
+					}
+				}
+				if len(per[id]) != int(final[id])-1 {
+					t.Errorf("job %s: history messages for %d sequences, want %d", id, len(per[id]), final[id]-1)
+				}
+			}
+			// The history read back is whole and in order.
+			evs, err := b.client.History(context.Background(), ids[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(evs) == 0 || evs[0].Type != schemas.EventJobStarted || evs[len(evs)-1].Type != schemas.EventJobCompleted {
+				t.Errorf("history of %s: %d events, first %v", ids[0], len(evs), evs)
+			}
+			st := b.engine.Stats()
+			st2 := second.Stats()
+			t.Logf("engines: %d + %d transitions, %d + %d outboxes published again, %d + %d conflicts",
+				st.Transitions, st2.Transitions, st.HistoryRepublished, st2.HistoryRepublished, st.CASConflicts, st2.CASConflicts)
+		})
+	}
+}
+
+// TestIndexFollowsCrashesBetweenWrites: the job index is kept consistent
+// with the checkpoints through a crash between the two writes that create
+// a job and between the two that end it.
+func TestIndexFollowsCrashesBetweenWrites(t *testing.T) {
+	t.Parallel()
+	var clock atomic.Int64
+	clock.Store(time.Now().UnixNano())
+	now := func() time.Time { return time.Unix(0, clock.Load()) }
+	b := setup(t, setupOptions{engine: Config{Now: now, OrphanGrace: time.Minute}})
+	ctx := context.Background()
+	def := b.define(fiveSteps)
+	if err := b.store.Definitions.Put(ctx, def); err != nil {
+		t.Fatal(err)
+	}
+
+	// A client died after writing the index entry, before the checkpoint.
+	orphan := schemas.NewPendingCheckpoint(def, &schemas.StartRequest{JobID: "orphan"}, json.RawMessage(`{}`), "x", now())
+	rev, err := b.store.Jobs.CreateActive(ctx, orphan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.engine.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.Jobs.Get(ctx, kv.ActiveKey("five", "orphan")); err != nil {
+		t.Fatalf("an entry younger than the grace was removed: %v", err)
+	}
+	clock.Add(int64(2 * time.Minute))
+	if err := b.engine.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.Jobs.Get(ctx, kv.ActiveKey("five", "orphan")); !errors.Is(err, schemas.ErrNotFound) {
+		t.Fatalf("orphan entry (revision %d) after the grace: %v, want it removed", rev, err)
+	}
+	// The same id can be started afterwards.
+	b.worker(echo)
+	if v := b.wait(b.start(def, `{}`, "orphan")); v.Status != schemas.JobCompleted {
+		t.Fatalf("job started again: %s", v.Status)
+	}
+
+	// An engine died after writing a terminal checkpoint, before it
+	// published its events and moved the index entry: a job that ended but
+	// is still indexed as active, whose last events are nowhere else.
+	id := b.start(def, `{}`, "cut")
+	b.wait(id)
+	ent, err := b.store.Checkpoints.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended, err := b.store.Jobs.Get(ctx, kv.EndedKey(schemas.JobCompleted, "five", id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.store.Jobs.Remove(ctx, ended.Key, ended.Revision); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.Jobs.CreateActive(ctx, ent.Checkpoint); err != nil {
+		t.Fatal(err)
+	}
+	cp := ent.Checkpoint
+	cp.Seq++
+	cp.Events = []schemas.Event{{Type: schemas.EventJobCompleted, Time: now(), Data: schemas.HistoryData{Job: id, Seq: cp.Seq, Status: "completed"}}}
+	if _, err := b.store.Checkpoints.Update(ctx, cp, ent.Revision); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.engine.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.Jobs.Get(ctx, kv.ActiveKey("five", id)); !errors.Is(err, schemas.ErrNotFound) {
+		t.Errorf("active entry of a finished job: %v, want it removed", err)
+	}
+	if _, err := b.store.Jobs.Get(ctx, kv.EndedKey(schemas.JobCompleted, "five", id)); err != nil {
+		t.Errorf("ended entry: %v", err)
+	}
+	if seq, err := b.store.History.LastSeq(ctx, id); err != nil || seq != cp.Seq {
+		t.Errorf("last history sequence %d (%v), want the final %d published", seq, err, cp.Seq)
+	}
+	if b.engine.Stats().IndexRepaired < 2 {
+		t.Errorf("index repairs = %d, want at least 2", b.engine.Stats().IndexRepaired)
+	}
+}
+
+// TestListPagesNewestFirst: a listing returns every job once, newest first,
+// page by page, and filters by status and workflow.
+func TestListPagesNewestFirst(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	b.worker(echo)
+	five, three := b.define(fiveSteps), b.define(threeSteps)
+	// Jobs of a pool no worker serves stay running.
+	idle := b.define("name: idle\nversion: 1\nsteps:\n  - {id: a, kind: noop, pool: idle}\n")
+	ctx := context.Background()
+	var done []string
+	for i := range 12 {
+		def, input := five, `{}`
+		if i%3 == 0 {
+			def, input = three, `{"n": 1}`
+		}
+		id := b.start(def, input, fmt.Sprintf("done-%02d", i))
+		b.wait(id)
+		done = append(done, id)
+	}
+	var running []string
+	for i := range 5 {
+		id := b.start(idle, `{}`, fmt.Sprintf("run-%d", i))
+		running = append(running, id)
+	}
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		page, err := b.client.List(ctx, client.ListFilter{Status: schemas.JobRunning})
+		return err == nil && len(page.Jobs) == len(running)
+	}, "running jobs never listed")
+
+	var all []string
+	cursor := ""
+	for pages := 0; ; pages++ {
+		page, err := b.client.List(ctx, client.ListFilter{Limit: 4, After: cursor})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, j := range page.Jobs {
+			all = append(all, j.ID)
+		}
+		if page.Cursor == "" {
+			break
+		}
+		if pages > 10 {
+			t.Fatal("listing does not end")
+		}
+		cursor = page.Cursor
+	}
+	want := append(slices.Clone(running), done...)
+	slices.Reverse(want[:len(running)])
+	slices.Reverse(want[len(running):])
+	if fmt.Sprint(all) != fmt.Sprint(want) {
+		t.Errorf("pages = %v\nwant    %v (running newest first, then finished newest first)", all, want)
+	}
+
+	page, err := b.client.List(ctx, client.ListFilter{Status: schemas.JobCompleted, Workflow: "three"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, j := range page.Jobs {
+		got = append(got, j.ID)
+		if j.Status != schemas.JobCompleted || j.Workflow != "three" {
+			t.Errorf("filtered listing holds %+v", j)
+		}
+	}
+	if fmt.Sprint(got) != "[done-09 done-06 done-03 done-00]" {
+		t.Errorf("completed jobs of three = %v", got)
+	}
+	if _, err := b.client.List(ctx, client.ListFilter{After: "bogus"}); !errors.Is(err, schemas.ErrInputInvalid) {
+		t.Errorf("bad cursor: %v, want ErrInputInvalid", err)
+	}
+
+	// A job that finishes between two pages moves to the top, and the
+	// rest of the listing goes on where it was.
+	first, err := b.client.List(ctx, client.ListFilter{Limit: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.publishResultFor(t, "run-4")
+	rest, err := b.client.List(ctx, client.ListFilter{Limit: 100, After: first.Cursor})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for _, j := range append(first.Jobs, rest.Jobs...) {
+		seen[j.ID]++
+	}
+	for id, n := range seen {
+		if n != 1 {
+			t.Errorf("job %s listed %d times across the pages", id, n)
+		}
+	}
+}
+
+// publishResultFor completes job's current step (whatever it is) and
+// waits until the job has moved on.
+func (b *bundle) publishResultFor(t *testing.T, job string) {
+	t.Helper()
+	ent, err := b.store.Checkpoints.Get(context.Background(), job)
+	if err != nil || ent.Checkpoint.Current == nil {
+		t.Fatalf("job %s has no current step: %v", job, err)
+	}
+	cur := ent.Checkpoint.Current
+	b.publishResult(&schemas.StepResult{Job: job, Step: cur.Step, Attempt: cur.Attempt, Output: json.RawMessage(`{}`)})
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		e, err := b.store.Checkpoints.Get(context.Background(), job)
+		return err == nil && e.Checkpoint.Seq > ent.Checkpoint.Seq
+	}, "job %s never moved on", job)
+}
+
+// TestLostAttemptIsFoundWhileThePoolHasABacklog: the reconciler decides
+// from facts about each job's step message, so a pool whose queue is busy
+// (or has no worker) does not hide a message that was lost.
+func TestLostAttemptIsFoundWhileThePoolHasABacklog(t *testing.T) {
+	t.Parallel()
+	var clock atomic.Int64
+	clock.Store(time.Now().UnixNano())
+	now := func() time.Time { return time.Unix(0, clock.Load()) }
+	b := setup(t, setupOptions{engine: Config{Now: now, StallGrace: time.Second}})
+	def := b.define(`
+name: backlog
+version: 1
+steps:
+  - {id: a, kind: noop, timeout: 1s, pool: busy}
+`)
+	ctx := context.Background()
+	queued := b.start(def, `{}`, "queued")
+	lost := b.start(def, `{}`, "lost")
+	for _, id := range []string{queued, lost} {
+		testsupport.Eventually(t, 10*time.Second, func() bool {
+			ent, err := b.store.Checkpoints.Get(ctx, id)
+			if err != nil || ent.Checkpoint.Current == nil {
+				return false
+			}
+			_, ok, err := b.store.Queues.StepQueued(ctx, "busy", id)
+			return err == nil && ok
+		}, "job %s never dispatched", id)
+	}
+	s, _ := b.store.JS.Stream(ctx, b.store.Names.WorkStream)
+	if err := s.Purge(ctx, jetstream.WithPurgeSubject(b.store.Names.WorkSubject("busy", lost))); err != nil {
+		t.Fatal(err)
+	}
+	// Past the attempt's deadline (timeout + 2 x ack wait + grace), well
+	// before its message's last possible delivery.
+	clock.Add(int64(30 * time.Second))
+	if err := b.engine.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st := b.engine.Stats()
+	if st.AttemptsLost != 1 || st.StepsWaitingForWorkers != 1 {
+		t.Fatalf("lost %d, waiting %d; want the purged one lost and the queued one waiting", st.AttemptsLost, st.StepsWaitingForWorkers)
+	}
+	for id, want := range map[string]int{queued: 1, lost: 2} {
+		ent, _ := b.store.Checkpoints.Get(ctx, id)
+		if cur := ent.Checkpoint.Current; cur == nil || cur.Attempt != want {
+			t.Errorf("job %s: current %+v, want attempt %d", id, cur, want)
+		}
+	}
+	// Past every delivery the pool could still make of it (max deliver x
+	// (timeout + ack wait)), a queued message is a dead letter: its step
+	// fails with the reason, and the message goes.
+	clock.Add(int64(2 * time.Minute))
+	if err := b.engine.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	v := b.wait(queued)
+	if v.Status != schemas.JobFailed || v.Error == nil || !strings.Contains(v.Error.Message, "poison step") {
+		t.Fatalf("the never-delivered job: %s (%v), want failed as a poison step", v.Status, v.Error)
+	}
+	if _, ok, err := b.store.Queues.StepQueued(ctx, "busy", queued); ok || err != nil {
+		t.Errorf("the dead letter is still queued (%v)", err)
+	}
+}
+
+// TestLostResolutionSignalIsFoundByTheReconciler: a job waiting on an
+// effect that was resolved while the signal was lost goes on at the next
+// reconcile pass, without any queue having been lost.
+func TestLostResolutionSignalIsFoundByTheReconciler(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	var calls atomic.Int64
+	b.worker(func(sm *schemas.StepMessage) (json.RawMessage, *schemas.Error) {
+		if calls.Add(1) == 1 {
+			return nil, &schemas.Error{Code: schemas.CodeAmbiguous, Message: "unknown outcome"}
+		}
+		return echo(sm)
+	})
+	def := b.define(`
+name: signal
+version: 1
+steps:
+  - {id: send, kind: noop, effect: unsafe}
+`)
+	ctx := context.Background()
+	id := b.start(def, `{}`, "signal")
+	v := b.wait(id)
+	if v.Status != schemas.JobNeedsReconciliation || v.Blocked == nil {
+		t.Fatalf("status %s, blocked %+v", v.Status, v.Blocked)
+	}
+	// Resolved in the ledger, but the signal never sent.
+	happened := true
+	now := time.Now().UTC()
+	rec := &schemas.EffectRecord{Key: v.Blocked.EffectKey, Job: id, Step: "send", Class: schemas.EffectUnsafe, State: schemas.EffectReconciled,
+		Happened: &happened, ReconciledBy: "ops", Result: json.RawMessage(`{}`), PreparedAt: now, UpdatedAt: now}
+	if _, err := b.store.Effects.Create(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.engine.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		v, err := b.client.Job(ctx, id)
+		return err == nil && v.Status == schemas.JobCompleted
+	}, "the job never went on")
+}
+
+// TestMissingDefinitionBlocksTheJobUntilStoredAgain: a job whose pinned
+// definition cannot be loaded stops in blocked, with the reason in its
+// status and history, and goes on by itself once the definition is back.
+func TestMissingDefinitionBlocksTheJobUntilStoredAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{noEngine: true})
+	b.worker(echo)
+	def := b.define(fiveSteps)
+	ctx := context.Background()
+	id := b.start(def, `{}`, "orphaned")
+	// The definition goes away before any engine loads it.
+	defs, err := b.store.JS.KeyValue(ctx, b.store.Names.DefinitionBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := defs.Purge(ctx, def.Hash); err != nil {
+		t.Fatal(err)
+	}
+	// An engine of its own (a process started after the definition went):
+	// its store has never read the definition.
+	e := b.runEngine(Config{Store: b.srv.Store(t, kv.Config{InboxAckWait: 2 * time.Second, WorkAckWait: 2 * time.Second})})
+	var v *client.JobView
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		v, err = b.client.Job(ctx, id)
+		return err == nil && v.Status == schemas.JobBlocked
+	}, "the job never blocked")
+	want := "definition " + def.Hash + " not found"
+	if v.BlockedReason != want {
+		t.Errorf("blocked reason %q, want %q", v.BlockedReason, want)
+	}
+	if e.Stats().DefinitionBlocked != 1 {
+		t.Errorf("definition blocked = %d, want 1", e.Stats().DefinitionBlocked)
+	}
+	evs, err := b.client.History(ctx, id)
+	if err != nil || !slices.ContainsFunc(evs, func(h schemas.HistoryEvent) bool {
+		return h.Type == schemas.EventJobBlocked && h.Data.Reason == want
+	}) {
+		t.Errorf("history %v (%v) has no job.blocked saying %q", evs, err, want)
+	}
+	// Stored again (by any client): the kept start request applies.
+	if err := b.store.Definitions.Put(ctx, def); err != nil {
+		t.Fatal(err)
+	}
+	testsupport.Eventually(t, 20*time.Second, func() bool {
+		v, err = b.client.Job(ctx, id)
+		return err == nil && v.Status == schemas.JobCompleted
+	}, "the job never went on after its definition came back: %+v", v)
+}
+
+// TestInconsistentCheckpointIsQuarantined: a checkpoint that decodes but
+// could not have been written by an engine (a current dispatch without its
+// step record) holds its job's messages back; the engine neither panics
+// nor stops serving other jobs.
+func TestInconsistentCheckpointIsQuarantined(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	def := b.define(fiveSteps)
+	ctx := context.Background()
+	id := b.start(def, `{}`, "broken")
+	var ent kv.Entry
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		var err error
+		ent, err = b.store.Checkpoints.Get(ctx, id)
+		return err == nil && ent.Checkpoint.Current != nil
+	}, "job never started")
+	cp := ent.Checkpoint
+	cur := *cp.Current
+	delete(cp.Steps, cur.Step)
+	cp.Seq++
+	if _, err := b.store.Checkpoints.Update(ctx, cp, ent.Revision); err != nil {
+		t.Fatal(err)
+	}
+	b.publishResult(&schemas.StepResult{Job: id, Step: cur.Step, Attempt: cur.Attempt, Output: json.RawMessage(`{}`)})
+	testsupport.Eventually(t, 10*time.Second, func() bool { return b.engine.Stats().Quarantined > 0 }, "never quarantined")
+	after, err := b.store.Checkpoints.Get(ctx, id)
+	if err != nil || after.Revision == ent.Revision || after.Checkpoint.Seq != cp.Seq {
+		t.Errorf("the quarantined checkpoint changed: %+v %v", after, err)
+	}
+	b.worker(echo)
+	if v := b.wait(b.start(def, `{}`, "healthy")); v.Status != schemas.JobCompleted {
+		t.Fatalf("another job: %s", v.Status)
+	}
+}
+
+// TestPanicInADecisionIsContained: a panic while deciding one job's
+// transition is logged and counted, its messages come back later, and the
+// engine goes on with other jobs.
+func TestPanicInADecisionIsContained(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{noEngine: true})
+	b.worker(echo)
+	var armed atomic.Bool
+	armed.Store(true)
+	e := b.runEngine(Config{beforeDecide: func(job string) {
+		if job == "boom" && armed.Load() {
+			panic("injected")
+		}
+	}})
+	def := b.define(fiveSteps)
+	boom := b.start(def, `{}`, "boom")
+	if v := b.wait(b.start(def, `{}`, "calm")); v.Status != schemas.JobCompleted {
+		t.Fatalf("calm job: %s", v.Status)
+	}
+	testsupport.Eventually(t, 10*time.Second, func() bool { return e.Stats().Panics > 0 }, "no panic counted")
+	armed.Store(false)
+	if v := b.wait(boom); v.Status != schemas.JobCompleted {
+		t.Fatalf("the job whose decision panicked: %s", v.Status)
+	}
+}
+
