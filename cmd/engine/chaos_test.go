@@ -343,7 +343,8 @@ func chaosHistory(t *testing.T, store *kv.Store) (engineEvents map[string]map[st
 	engineEvents = map[string]map[string][]chaosEvent{}
 	left := info.NumPending
 	for left > 0 {
-		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
+		// Ask for no more than is left: a fetch waits for its whole batch.
+		batch, err := cons.Fetch(int(min(left, 1000)), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
 			t.Fatalf("read history: %v", err)
 		}
@@ -545,18 +546,95 @@ func TestChaosEnginesAndWorkers(t *testing.T) {
 		cp.scrape()
 	}
 
+	out := chaosVerify(t, store, watch, services, def, ids, kills)
+
+	// The counters, summed over every incarnation as last read.
+	sum := func(prefix, name string) int {
+		var n float64
+		for _, cp := range procs {
+			if strings.HasPrefix(cp.name, prefix) {
+				n += cp.total(name)
+			}
+		}
+		return int(n)
+	}
+	conflicts := sum("engine", "waymark_engine_cas_conflicts_total")
+	conflictLines := 0
+	var perProc []string
+	for _, cp := range procs {
+		perProc = append(perProc, fmt.Sprintf("%s %d", cp.name, cp.kills))
+		if strings.HasPrefix(cp.name, "engine") {
+			conflictLines += cp.logged(chaosConflictLine)
+		}
+	}
+	if conflictLines < conflicts {
+		t.Errorf("the engines' logs hold %d compare-and-swap conflicts, fewer than the %d their /metrics counted", conflictLines, conflicts)
+	}
+	t.Logf("chaos: %d jobs completed of %d in %v (all stopped %v after the last kill); %d kills (%s)",
+		out.completed, jobs, ran.Round(time.Millisecond), settled.Round(time.Millisecond), kills, strings.Join(perProc, ", "))
+	t.Logf("chaos: CAS conflicts: %d in the engines' logs (every incarnation), %d on their /metrics (read before each kill and at the end)", conflictLines, conflicts)
+	t.Logf("chaos: engines (as last read): %d transitions, %d steps dispatched, %d results applied, %d stale results dropped, %d resumes, %d inbox redeliveries, %d republished, %d attempts lost, %d handle errors, %d reconcile errors",
+		sum("engine", "waymark_engine_transitions_total"), sum("engine", "waymark_engine_steps_dispatched_total"),
+		sum("engine", "waymark_engine_results_applied_total"), sum("engine", "waymark_engine_stale_results_dropped_total"),
+		sum("engine", "waymark_engine_resumes_total"), sum("engine", "waymark_engine_inbox_redeliveries_total"),
+		sum("engine", "waymark_engine_republished_total"), sum("engine", "waymark_engine_attempts_lost_total"),
+		sum("engine", "waymark_engine_handle_errors_total"), sum("engine", "waymark_engine_reconcile_errors_total"))
+	t.Logf("chaos: workers (as last read): %d steps started, %d redeliveries, %d effects replayed from the ledger, %d stale attempts; providers: %d keys called again after a lost answer, %d duplicate effects",
+		sum("worker", "waymark_worker_steps_started_total"), sum("worker", "waymark_worker_redeliveries_total"),
+		sum("worker", "waymark_worker_replayed_effects_total"), sum("worker", "waymark_worker_stale_attempts_total"), out.calledAgain, out.duplicates)
+	t.Logf("chaos: %s", out)
+}
+
+// chaosOutcome is what chaosVerify counted, for a test's report.
+type chaosOutcome struct {
+	completed       int // jobs
+	resumes         int // over all jobs, from their checkpoints
+	observed        int // checkpoint writes the watch saw
+	historyMsgs     int
+	storedAgain     int // extra copies of engine events in the history stream
+	storedAgainJobs int
+	duplicates      int // effects performed more than once, by key or by order
+	calledAgain     int // keys called more often than they had effects
+}
+
+func (o chaosOutcome) String() string {
+	return fmt.Sprintf("%d resumes over all jobs; %d checkpoint writes observed; history: %d messages, %d engine events stored more than once (%d jobs); providers: %d keys called again after a lost answer, %d duplicate effects",
+		o.resumes, o.observed, o.historyMsgs, o.storedAgain, o.storedAgainJobs, o.calledAgain, o.duplicates)
+}
+
+// chaosVerify checks, once every job of ids has stopped, what DESIGN.md
+// promises of a run of the soak workflow (testdata/soak.yaml) through
+// crashes, from the outside only:
+//
+//   - every job completed;
+//   - no job was advanced twice: the watch saw no checkpoint sequence
+//     number written twice and no write after a job completed; each event
+//     id in the history stream names one event; each step completed once
+//     per run, and each job started and completed once; its last
+//     transition in the history is its checkpoint's seq;
+//   - resume counts are plausible: each job's is the number of
+//     job.resumed events in its history, and at most maxResumes;
+//   - every effect happened once: the providers performed exactly one
+//     effect per key, one charge and one record per order, and the ledger
+//     holds each key confirmed;
+//   - each engine event is stored once in the history stream (the history
+//     is published once per transition, whichever engine made it).
+func chaosVerify(t *testing.T, store *kv.Store, watch *chaosWatch, services map[string]*demo.Running, def *schemas.Definition, ids []string, maxResumes int) chaosOutcome {
+	t.Helper()
+	var out chaosOutcome
+	ctx := context.Background()
+	jobs := len(ids)
 	// The final record of every job, from the bucket itself.
 	final := map[string]*schemas.Checkpoint{}
-	resumes := 0
 	for _, id := range ids {
-		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+		rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
 		e, err := store.Checkpoints.Get(rctx, id)
 		rcancel()
 		if err != nil {
 			t.Fatalf("job %s: %v", id, err)
 		}
 		final[id] = e.Checkpoint
-		resumes += e.Checkpoint.ResumeCount
+		out.resumes += e.Checkpoint.ResumeCount
 		if e.Checkpoint.Status != schemas.JobCompleted {
 			t.Errorf("job %s %s: %v", id, e.Checkpoint.Status, e.Checkpoint.Error)
 		}
@@ -565,18 +643,16 @@ func TestChaosEnginesAndWorkers(t *testing.T) {
 	for _, e := range watch.errs {
 		t.Error(e)
 	}
-	observed := 0
 	for _, j := range watch.jobs {
-		observed += len(j.seqRev)
+		out.observed += len(j.seqRev)
 	}
 	watch.mu.Unlock()
 
 	// The history: every job's story told once. A job that completed
 	// publishes its final events at once: wait for every job.completed.
 	var events map[string]map[string][]chaosEvent
-	var msgs int
 	testsupport.Eventually(t, 10*time.Second, func() bool {
-		events, msgs = chaosHistory(t, store)
+		events, out.historyMsgs = chaosHistory(t, store)
 		for _, id := range ids {
 			if !slices.ContainsFunc(chaosDistinct(events[id]), func(e chaosEvent) bool { return e.typ == schemas.EventJobCompleted }) {
 				return false
@@ -584,7 +660,6 @@ func TestChaosEnginesAndWorkers(t *testing.T) {
 		}
 		return true
 	}, "the history stream lacks the job.completed event of some jobs")
-	storedAgain, storedAgainJobs := 0, 0
 	for _, id := range ids {
 		evs := events[id]
 		again := 0
@@ -597,8 +672,8 @@ func TestChaosEnginesAndWorkers(t *testing.T) {
 			again += len(copies) - 1
 		}
 		if again > 0 {
-			storedAgain += again
-			storedAgainJobs++
+			out.storedAgain += again
+			out.storedAgainJobs++
 		}
 		distinct := chaosDistinct(evs)
 		count := map[string]int{}
@@ -637,25 +712,24 @@ func TestChaosEnginesAndWorkers(t *testing.T) {
 		if count[schemas.EventJobResumed] != cp.ResumeCount {
 			t.Errorf("job %s: resume_count %d, but %d job.resumed events in its history: %s", id, cp.ResumeCount, count[schemas.EventJobResumed], chaosStory(distinct))
 		}
-		if cp.ResumeCount > kills {
-			t.Errorf("job %s: resume_count %d after %d kills", id, cp.ResumeCount, kills)
+		if cp.ResumeCount > maxResumes {
+			t.Errorf("job %s: resume_count %d; want at most %d", id, cp.ResumeCount, maxResumes)
 		}
 	}
 
 	// Effects: once per key at the providers, once per order, confirmed in
 	// the ledger.
-	duplicates, calledAgain := 0, 0
 	for _, name := range []string{demo.NamePayments, demo.NameRecords} {
 		st := services[name].Stats()
 		for key, n := range st.Effects {
 			if n > 1 {
-				duplicates++
+				out.duplicates++
 				t.Errorf("%s performed the effect of %s %d times", name, key, n)
 			}
 		}
 		for key, n := range st.Calls {
 			if n > st.Effects[key] {
-				calledAgain++
+				out.calledAgain++
 			}
 		}
 		step := map[string]string{demo.NamePayments: "charge", demo.NameRecords: "record"}[name]
@@ -684,7 +758,7 @@ func TestChaosEnginesAndWorkers(t *testing.T) {
 	}
 	for what, n := range perOrder {
 		if n > 1 {
-			duplicates++
+			out.duplicates++
 			t.Errorf("order %s %d times", what, n)
 		}
 	}
@@ -705,45 +779,11 @@ func TestChaosEnginesAndWorkers(t *testing.T) {
 		}
 	}
 
-	// The counters, summed over every incarnation as last read.
-	sum := func(prefix, name string) int {
-		var n float64
-		for _, cp := range procs {
-			if strings.HasPrefix(cp.name, prefix) {
-				n += cp.total(name)
-			}
-		}
-		return int(n)
+	out.completed = chaosCount(final, schemas.JobCompleted)
+	if out.storedAgain > 0 {
+		t.Errorf("%d history events of %d jobs are stored more than once in the history stream; want each event once per transition, whichever engine handled the job (issue 7)", out.storedAgain, out.storedAgainJobs)
 	}
-	conflicts := sum("engine", "waymark_engine_cas_conflicts_total")
-	conflictLines := 0
-	var perProc []string
-	for _, cp := range procs {
-		perProc = append(perProc, fmt.Sprintf("%s %d", cp.name, cp.kills))
-		if strings.HasPrefix(cp.name, "engine") {
-			conflictLines += cp.logged(chaosConflictLine)
-		}
-	}
-	if conflictLines < conflicts {
-		t.Errorf("the engines' logs hold %d compare-and-swap conflicts, fewer than the %d their /metrics counted", conflictLines, conflicts)
-	}
-	t.Logf("chaos: %d jobs completed of %d in %v (all stopped %v after the last kill); %d kills (%s)",
-		chaosCount(final, schemas.JobCompleted), jobs, ran.Round(time.Millisecond), settled.Round(time.Millisecond), kills, strings.Join(perProc, ", "))
-	t.Logf("chaos: CAS conflicts: %d in the engines' logs (every incarnation), %d on their /metrics (read before each kill and at the end)", conflictLines, conflicts)
-	t.Logf("chaos: engines (as last read): %d transitions, %d steps dispatched, %d results applied, %d stale results dropped, %d resumes, %d inbox redeliveries, %d republished, %d attempts lost, %d handle errors, %d reconcile errors",
-		sum("engine", "waymark_engine_transitions_total"), sum("engine", "waymark_engine_steps_dispatched_total"),
-		sum("engine", "waymark_engine_results_applied_total"), sum("engine", "waymark_engine_stale_results_dropped_total"),
-		sum("engine", "waymark_engine_resumes_total"), sum("engine", "waymark_engine_inbox_redeliveries_total"),
-		sum("engine", "waymark_engine_republished_total"), sum("engine", "waymark_engine_attempts_lost_total"),
-		sum("engine", "waymark_engine_handle_errors_total"), sum("engine", "waymark_engine_reconcile_errors_total"))
-	t.Logf("chaos: workers (as last read): %d steps started, %d redeliveries, %d effects replayed from the ledger, %d stale attempts; providers: %d keys called again after a lost answer, %d duplicate effects",
-		sum("worker", "waymark_worker_steps_started_total"), sum("worker", "waymark_worker_redeliveries_total"),
-		sum("worker", "waymark_worker_replayed_effects_total"), sum("worker", "waymark_worker_stale_attempts_total"), calledAgain, duplicates)
-	t.Logf("chaos: %d resumes over all jobs; %d checkpoint writes observed; history: %d messages, %d engine events stored more than once (%d jobs)",
-		resumes, observed, msgs, storedAgain, storedAgainJobs)
-	if storedAgain > 0 {
-		t.Errorf("%d history events of %d jobs are stored more than once in the history stream; want each event once per transition, whichever engine handled the job (issue 7)", storedAgain, storedAgainJobs)
-	}
+	return out
 }
 
 // chaosStory lists a job's events in seq order, for a failure message.
@@ -786,4 +826,69 @@ func chaosDropLines(log, s string) string {
 		}
 	}
 	return b.String()
+}
+
+// TestRedeliveredLastResultLeavesCompletedJobAlone kills an engine right
+// after it wrote the checkpoint that completes a job, before it
+// acknowledged the result that completed it, as the chaos test's kills
+// often do. Another engine then gets that result again (one inbox ack wait
+// later): the job is terminal, so the result is stale and the job must be
+// left as it is: no new checkpoint, no event after job.completed, the
+// history's events stored once.
+func TestRedeliveredLastResultLeavesCompletedJobAlone(t *testing.T) {
+	t.Parallel()
+	t.Skip("bug: a redelivered result of a completed job's last step counts a resume and writes the job again (seq+1, job.resumed after job.completed); see the report on issue 7's chaos test. Fails every run; remove this line once fixed")
+	srv := testsupport.StartServer(t, testsupport.ServerOptions{TCP: true})
+	count := newCounter(t)
+	store := srv.Store(t, crashKV)
+	bin := testsupport.Binary(t, "engine")
+	natsURL := "--nats-url=" + srv.URL()
+	spawn(t, nil, testsupport.Binary(t, "worker"), natsURL, "--service=count="+count.srv.URL)
+	// The engine's fourth write completes the job (start, a, b, c).
+	first := spawn(t, []string{"WAYMARK_FAILPOINTS=engine.after_checkpoint=crash@4"}, bin, "serve", natsURL, "--http=", "--workers=0")
+	client := engine.NewClient(store)
+	def := loadDef(t, "testdata/three-calls.yaml")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := client.Start(ctx, def, json.RawMessage(`{}`), engine.StartOptions{JobID: "last"}); err != nil {
+		t.Fatal(err)
+	}
+	first.waitKilled(t, 30*time.Second)
+	done, err := store.Checkpoints.Get(ctx, "last")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if done.Checkpoint.Status != schemas.JobCompleted {
+		t.Fatalf("the engine died at its fourth write with the job %s (seq %d); want completed", done.Checkpoint.Status, done.Checkpoint.Seq)
+	}
+	spawn(t, nil, bin, "serve", natsURL, "--http=", "--workers=0")
+	// The dead engine's unacknowledged result comes back and is handled.
+	cons, err := store.JS.Consumer(ctx, store.Names.InboxStream, store.Names.EngineConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testsupport.Eventually(t, 20*time.Second, func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
+	}, "the inbox never settled")
+	after, err := store.Checkpoints.Get(ctx, "last")
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, _ := chaosHistory(t, store)
+	story := chaosStory(chaosDistinct(events["last"]))
+	if after.Revision != done.Revision {
+		t.Errorf("the completed job was written again: seq %d (%s, resume_count %d) became seq %d (%s, resume_count %d); history: %s",
+			done.Checkpoint.Seq, done.Checkpoint.Status, done.Checkpoint.ResumeCount, after.Checkpoint.Seq, after.Checkpoint.Status, after.Checkpoint.ResumeCount, story)
+	}
+	for id, copies := range events["last"] {
+		if len(copies) > 1 {
+			t.Errorf("event %s stored %d times in the history stream", id, len(copies))
+		}
+	}
+	for _, p := range []string{"/a", "/b", "/c"} {
+		if n := count.count(p); n != 1 {
+			t.Errorf("%s called %d times, want exactly once", p, n)
+		}
+	}
 }

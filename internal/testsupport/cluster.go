@@ -310,3 +310,29 @@ func (c *Cluster) streamLeader(js jetstream.JetStream, stream string) (*ClusterN
 type lazyErr struct{ err *error }
 
 func (l lazyErr) String() string { return fmt.Sprint(*l.err) }
+
+// WaitStreamsCurrent waits up to timeout until every stream on the
+// cluster has a leader and every replica on a running node is current,
+// then fails the test. Call it after Restart and before stopping another
+// node: a replica still catching up does not count towards a quorum, so
+// stopping a second node before it is current would stop the stream.
+func (c *Cluster) WaitStreamsCurrent(t testing.TB, js jetstream.JetStream, timeout time.Duration) {
+	t.Helper()
+	var last error
+	Eventually(t, timeout, func() bool {
+		last = c.streamsCurrent(js)
+		return last == nil
+	}, "cluster %s: streams not current (last: %v)", c.Name, lazyErr{&last})
+}
+
+func (c *Cluster) streamsCurrent(js jetstream.JetStream) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	names := js.StreamNames(ctx)
+	for name := range names.Name() {
+		if _, err := c.streamLeader(js, name); err != nil {
+			return fmt.Errorf("stream %s: %w", name, err)
+		}
+	}
+	return names.Err()
+}
