@@ -61,8 +61,13 @@ items:
 		if it.done {
 			continue
 		}
-		if it.delivered > 1 && recovered == "" {
-			recovered = "an inbox message was delivered again: an engine died or stalled before finishing it"
+		// A redelivered message that is applied (or is the cause of the
+		// current checkpoint) is a recovery; one that turns out stale
+		// recovered nothing for the job.
+		redelivered := func() {
+			if it.delivered > 1 && recovered == "" {
+				recovered = "an inbox message was delivered again: an engine died or stalled before finishing it"
+			}
 		}
 		// The message that produced the checkpoint, seen again: its first
 		// handler died (or stalled) after writing, maybe before publishing.
@@ -104,6 +109,7 @@ items:
 				}
 				cp, evs, changed, cause = c, startEvs, true, it.msgID
 				p.tally.started++
+				redelivered()
 				continue
 			}
 			if cp.Status == schemas.JobPending || (cp.Status == schemas.JobBlocked && cp.BlockedFrom == schemas.JobPending) {
@@ -117,6 +123,7 @@ items:
 				evs = append(evs, startJob(p.def, cp, now)...)
 				changed, cause = true, it.msgID
 				p.tally.started++
+				redelivered()
 				continue
 			}
 			if !p.fresh {
@@ -126,12 +133,19 @@ items:
 		case it.result != nil:
 			e.fp.InjectStep(ctx, failpoint.EngineAfterResultReceived, it.result.Step)
 			if cp == nil {
+				if !changed && !p.leader {
+					p.wantLeader = true
+					return true
+				}
 				p.tally.stale++
 				e.log.Warn("dropping result for unknown job", "job", it.job, "step", it.result.Step, "attempt", it.result.Attempt)
 				continue
 			}
 			if !resultMayApply(cp, it.result) {
-				if !p.fresh && !changed {
+				if !changed && !p.leader {
+					// The cache, or a replica behind the leader, may be behind:
+					// read again (from the leader) before dropping it.
+					p.wantLeader = p.fresh
 					return true
 				}
 				p.tally.stale++
@@ -153,6 +167,7 @@ items:
 				p.tally.stale++
 				continue
 			}
+			redelivered()
 			if it.result.Redelivered {
 				recovered = "the step message was delivered again: a worker died or stalled past its lease"
 				workerRecovered = true
@@ -172,7 +187,8 @@ items:
 				continue
 			}
 			if !signalMayApply(cp, it.signal) {
-				if !p.fresh && !changed {
+				if !changed && !p.leader {
+					p.wantLeader = p.fresh
 					return true
 				}
 				p.tally.stale++
@@ -186,6 +202,7 @@ items:
 				break items
 			}
 			_, sigEvs := applySignal(p.def, cp, it.signal, now)
+			redelivered()
 			p.tally.unblocked++
 			evs = append(evs, sigEvs...)
 			changed, cause = true, it.msgID
@@ -199,7 +216,8 @@ items:
 	}
 	// One crash can leave several of a job's messages to be delivered
 	// again; the engine that picks them up counts one resume for them all.
-	if recovered != "" && cp != nil && (workerRecovered || cp.ResumedBy != e.incarnation) {
+	// A finished job is never written again: nothing was left to recover.
+	if recovered != "" && cp != nil && (p.base == nil || !p.base.cp.Status.Terminal()) && (workerRecovered || cp.ResumedBy != e.incarnation) {
 		cp.ResumeCount++
 		if !workerRecovered {
 			cp.ResumedBy = e.incarnation

@@ -79,6 +79,10 @@ type plan struct {
 	items []*inboxItem
 	base  *cached // as loaded; nil for a job that does not exist
 	fresh bool    // base was read from KV in this batch
+	// leader: base was read from the bucket's stream leader, not by a
+	// direct get a lagging replica may answer; wantLeader asks for that
+	// read before a message is dropped as stale.
+	leader, wantLeader bool
 	def   *compiled
 	next  *schemas.Checkpoint // to write; nil when nothing changed
 	rev   uint64              // written at
@@ -283,7 +287,7 @@ func (e *Engine) load(ctx context.Context, ps []*plan, fresh bool) {
 		p.err, p.tally = nil, tally{}
 		if !fresh {
 			if c, ok := e.cache.get(p.job); ok {
-				p.base, p.fresh = c, false
+				p.base, p.fresh, p.leader = c, false, false
 				continue
 			}
 		}
@@ -291,7 +295,12 @@ func (e *Engine) load(ctx context.Context, ps []*plan, fresh bool) {
 		sem <- struct{}{}
 		go func(p *plan) {
 			defer func() { <-sem; wg.Done() }()
-			ent, err := e.store.Checkpoints.Get(ctx, p.job)
+			get := e.store.Checkpoints.Get
+			p.leader = p.wantLeader
+			if p.leader {
+				get = e.store.Checkpoints.GetFromLeader
+			}
+			ent, err := get(ctx, p.job)
 			p.fresh = true
 			switch {
 			case errors.Is(err, schemas.ErrNotFound):

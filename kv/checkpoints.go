@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -276,3 +277,77 @@ func (c *Checkpoints) Remove(ctx context.Context, job string, rev uint64) error 
 
 // Size is the encoded size of the checkpoint being written, in bytes.
 func (p *PendingWrite) Size() int { return p.size }
+
+// GetFromLeader is Get, read from the bucket's stream leader rather than
+// by a direct get, which any replica may answer and a replica behind the
+// leader answers with an older revision (or none). Callers that drop work
+// because a checkpoint says it is no longer current (a stale result, a
+// fenced attempt) confirm with it first: on one server it is the same
+// answer, on a cluster the current one. Errors as Get.
+func (c *Checkpoints) GetFromLeader(ctx context.Context, job string) (Entry, error) {
+	if !validKey(job) {
+		return Entry{}, schemas.Errorf(schemas.CodeNotFound, "no job %q (not a valid job id)", job)
+	}
+	m, err := leaderLastMsg(ctx, c.js, "KV_"+c.kv.Bucket(), "$KV."+c.kv.Bucket()+"."+job)
+	if err != nil {
+		return Entry{}, fmt.Errorf("load checkpoint %s: %w", job, err)
+	}
+	if m == nil || m.Header.Get("KV-Operation") != "" {
+		return Entry{}, schemas.Errorf(schemas.CodeNotFound, "no job %q", job)
+	}
+	cp, err := DecodeCheckpoint(job, m.Data)
+	if err != nil {
+		return Entry{}, err
+	}
+	return Entry{Checkpoint: cp, Revision: m.Sequence, Size: len(m.Data)}, nil
+}
+
+// leaderLastMsg reads subject's last message in stream through the
+// stream's leader ($JS.API.STREAM.MSG.GET), nil when there is none.
+func leaderLastMsg(ctx context.Context, js jetstream.JetStream, stream, subject string) (*jetstream.RawStreamMsg, error) {
+	prefix := "$JS.API."
+	if o := js.Options(); o.Domain != "" {
+		prefix = "$JS." + o.Domain + ".API."
+	} else if o.APIPrefix != "" {
+		prefix = strings.TrimSuffix(o.APIPrefix, ".") + "."
+	}
+	req, _ := json.Marshal(map[string]string{"last_by_subj": subject})
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+	}
+	resp, err := js.Conn().RequestWithContext(ctx, prefix+"STREAM.MSG.GET."+stream, req)
+	if err != nil {
+		return nil, err
+	}
+	var r struct {
+		Message *struct {
+			Subject string    `json:"subject"`
+			Seq     uint64    `json:"seq"`
+			Header  []byte    `json:"hdrs"`
+			Data    []byte    `json:"data"`
+			Time    time.Time `json:"time"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(resp.Data, &r); err != nil {
+		return nil, fmt.Errorf("read %s: %w", subject, err)
+	}
+	if r.Error != nil {
+		if r.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("read %s: %w", subject, r.Error)
+	}
+	if r.Message == nil {
+		return nil, fmt.Errorf("read %s: empty answer", subject)
+	}
+	m := &jetstream.RawStreamMsg{Subject: r.Message.Subject, Sequence: r.Message.Seq, Data: r.Message.Data, Time: r.Message.Time}
+	if len(r.Message.Header) > 0 {
+		if m.Header, err = nats.DecodeHeadersMsg(r.Message.Header); err != nil {
+			return nil, fmt.Errorf("read %s: headers: %w", subject, err)
+		}
+	}
+	return m, nil
+}

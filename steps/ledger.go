@@ -102,13 +102,27 @@ func (ps *preparedStep) effectKey(c *Call) (string, error) {
 
 // fence reports errStaleAttempt unless the checkpoint still records this
 // attempt as the step's current dispatch (the fencing token).
+// A direct read may come from a replica behind the leader; before the
+// attempt is dropped as stale, the leader confirms.
 func (w *Worker) fence(ctx context.Context, c *Call) error {
+	current := func(ent kv.Entry) bool {
+		cp := ent.Checkpoint
+		return cp.Status == schemas.JobRunning && cp.Current != nil && cp.Current.Step == c.Step.ID && cp.Current.Attempt == c.Attempt
+	}
 	ent, err := w.store.Checkpoints.Get(ctx, c.Job)
-	if err != nil {
+	if err == nil && current(ent) {
+		return nil
+	}
+	if err != nil && !errors.Is(err, schemas.ErrNotFound) {
 		return Retryable(fmt.Errorf("read checkpoint for fencing: %w", err))
 	}
-	cp := ent.Checkpoint
-	if cp.Status != schemas.JobRunning || cp.Current == nil || cp.Current.Step != c.Step.ID || cp.Current.Attempt != c.Attempt {
+	ent, err = w.store.Checkpoints.GetFromLeader(ctx, c.Job)
+	switch {
+	case errors.Is(err, schemas.ErrNotFound):
+		return errStaleAttempt // the job is gone (swept): nothing to report to
+	case err != nil:
+		return Retryable(fmt.Errorf("read checkpoint for fencing: %w", err))
+	case !current(ent):
 		return errStaleAttempt
 	}
 	return nil

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/waymark-dev/waymark/engine"
+	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/internal/demo"
 	"github.com/waymark-dev/waymark/internal/testsupport"
 	"github.com/waymark-dev/waymark/kv"
@@ -80,7 +81,7 @@ func TestClusterLosesItsLeaders(t *testing.T) {
 	watch := startChaosWatch(t, store)
 	resilRunEngine(t, engine.Config{Store: c.Store(t, clusterKV), Logger: log})
 	resilRunWorker(t, steps.WorkerConfig{Store: c.Store(t, clusterKV), Env: env, ID: "worker", Logger: log})
-	client := engine.NewClient(c.Store(t, clusterKV))
+	cl := client.New(c.Store(t, clusterKV))
 	def := loadDef(t, "testdata/soak.yaml")
 
 	var ids []string
@@ -95,7 +96,7 @@ func TestClusterLosesItsLeaders(t *testing.T) {
 			testsupport.Eventually(t, 20*time.Second, func() bool {
 				sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 				defer cancel()
-				_, err = client.Start(sctx, def, input, engine.StartOptions{JobID: id})
+				_, err = cl.Start(sctx, def, input, client.StartOptions{JobID: id})
 				return err == nil
 			}, "start job %s: %v", id, lazyErr{&err})
 			ids = append(ids, id)
@@ -136,6 +137,7 @@ func TestClusterLosesItsLeaders(t *testing.T) {
 			}
 		}()
 		var once sync.Once
+		t.Cleanup(func() { once.Do(func() { close(done); <-finished }) }) // stops it when a wait fails
 		return func() string {
 			once.Do(func() { close(done); <-finished })
 			return strings.Join(samples, " ")
@@ -166,7 +168,9 @@ func TestClusterLosesItsLeaders(t *testing.T) {
 	// And once both are back.
 	c.WaitStreamsCurrent(t, js, 30*time.Second)
 	startJobs(perPhase / 2)
-	waitStopped(ids, "after both restarts", trace(ids, time.Now()))
+	lastTrace := trace(ids, time.Now())
+	waitStopped(ids, "after both restarts", lastTrace)
+	lastTrace()
 
 	out := chaosVerify(t, store, watch, services, def, ids, 3)
 	t.Logf("cluster: %d jobs completed of %d in %v (cluster ready in %v); %s", out.completed, len(ids), time.Since(began).Round(time.Millisecond), clusterReady.Round(time.Millisecond), out)
