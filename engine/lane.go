@@ -83,10 +83,10 @@ type plan struct {
 	// direct get a lagging replica may answer; wantLeader asks for that
 	// read before a message is dropped as stale.
 	leader, wantLeader bool
-	def   *compiled
-	next  *schemas.Checkpoint // to write; nil when nothing changed
-	rev   uint64              // written at
-	entry *cached             // next as cached when written (base when republishing)
+	def                *compiled
+	next               *schemas.Checkpoint // to write; nil when nothing changed
+	rev                uint64              // written at
+	entry              *cached             // next as cached when written (base when republishing)
 	// dispatch: publish next.Current (new, or again after a crash).
 	dispatch bool
 	// republish: nothing to write; publish base's events (and, with

@@ -584,4 +584,3 @@ func TestPanicInADecisionIsContained(t *testing.T) {
 		t.Fatalf("the job whose decision panicked: %s", v.Status)
 	}
 }
-
