@@ -25,8 +25,10 @@ type cached struct {
 	once     sync.Once
 }
 
-// knownPublished reports whether cp's events are known to be stored.
-func (c *cached) knownPublished() bool { return c.published.Load() >= c.cp.Seq }
+// knownPublished reports whether nothing of cp's outbox is in doubt: it
+// was not to be published (cp.Flush is false: the next checkpoint carries
+// it), or it is known to be stored.
+func (c *cached) knownPublished() bool { return !c.cp.Flush || c.published.Load() >= c.cp.Seq }
 
 // doneFlushing closes flushing, once.
 func (c *cached) doneFlushing() {

@@ -14,6 +14,7 @@ import (
 // Defaults for Config.
 const (
 	DefaultBatchSize         = 256
+	DefaultHistoryBatch      = 8
 	DefaultCacheBytes        = 64 << 20
 	DefaultReconcileInterval = 15 * time.Second
 	DefaultSweepInterval     = time.Hour
@@ -45,6 +46,14 @@ type Config struct {
 	// ReconcileInterval is how often the reconciler scans running jobs for
 	// dispatches whose result never came. Default 15s; negative disables.
 	ReconcileInterval time.Duration
+	// HistoryBatch is how many transitions' events a job's checkpoint
+	// carries (its outbox) before they are published to the history stream
+	// together, as one message; a job that stops (completes, fails, needs a
+	// person) publishes at once. Until then Client.History and Client.Wait
+	// read them from the checkpoint. 1 publishes after every transition.
+	// Every engine of a deployment may use its own: the checkpoint records
+	// whether its outbox was published. Default 8.
+	HistoryBatch int
 	// SweepInterval is how often finished jobs past their retention
 	// (kv.Config.JobRetention) are removed. Default 1h.
 	SweepInterval time.Duration
@@ -97,6 +106,9 @@ func (c Config) WithDefaults() Config {
 	if c.ReconcileInterval == 0 {
 		c.ReconcileInterval = DefaultReconcileInterval
 	}
+	if c.HistoryBatch == 0 {
+		c.HistoryBatch = DefaultHistoryBatch
+	}
 	if c.SweepInterval == 0 {
 		c.SweepInterval = DefaultSweepInterval
 	}
@@ -123,6 +135,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("engine config: Lanes %d: want 1..4096", c.Lanes)
 	case c.BatchSize < 1 || c.BatchSize > 10000:
 		return fmt.Errorf("engine config: BatchSize %d: want 1..10000", c.BatchSize)
+	case c.HistoryBatch < 1 || c.HistoryBatch > 256:
+		return fmt.Errorf("engine config: HistoryBatch %d: want 1..256", c.HistoryBatch)
 	case c.SweepInterval < 0:
 		return fmt.Errorf("engine config: SweepInterval %v: want a positive duration (0 means the default, %v)", c.SweepInterval, DefaultSweepInterval)
 	case c.OrphanGrace < 0:

@@ -244,7 +244,11 @@ items:
 	cp.UpdatedAt = now
 	cp.Cause = cause
 	cp.Writer = e.incarnation
-	cp.Events = stamp(evs, cp.Seq, now)
+	var base *schemas.Checkpoint
+	if p.base != nil {
+		base = p.base.cp
+	}
+	e.setOutbox(base, cp, evs, now)
 	p.next = cp
 	p.republish = false
 	p.dispatch = cp.Current != nil && (republish || p.base == nil || p.base.cp.Current == nil || p.base.cp.Current.MsgID != cp.Current.MsgID)

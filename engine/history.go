@@ -1,40 +1,75 @@
 package engine
 
 import (
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/waymark-dev/waymark/schemas"
 )
 
-// historyMessage is one message of the history stream: the events of one
-// checkpoint sequence as a CloudEvents batch.
+// historyMessage is one message of the history stream: a checkpoint's
+// outbox (the events of one or more sequences) as a CloudEvents batch.
 type historyMessage struct {
-	id   string // Nats-Msg-Id: "<msg prefix>/<seq>" (Checkpoint.MsgPrefix)
-	seq  uint64
+	id   string // Nats-Msg-Id: "<msg prefix>/<last seq>" (Checkpoint.MsgPrefix)
+	seq  uint64 // the last sequence it holds
 	body []byte
 }
 
-// historyMessages encodes events as history messages, one per checkpoint
-// sequence, in order. Publishing one again (after a crash, or by another
-// engine that could not tell it was stored) carries the same id and the
-// same events.
-func historyMessages(job, prefix string, evs []schemas.Event) []historyMessage {
-	var out []historyMessage
+// outboxMessage encodes the events of cp's outbox (evs, in sequence
+// order) as one history message. Publishing it again (after a crash, or
+// by another engine that could not tell it was stored) carries the same
+// id and the same events, as the checkpoint records both.
+func outboxMessage(cp *schemas.Checkpoint, evs []schemas.Event) historyMessage {
+	job := cp.JobID
+	body := make([]byte, 0, 256*len(evs))
+	body = append(body, '[')
 	for start := 0; start < len(evs); {
 		seq := evs[start].Data.Seq
 		end := start + 1
 		for end < len(evs) && evs[end].Data.Seq == seq {
 			end++
 		}
-		out = append(out, historyMessage{
-			id:   prefix + "/" + strconv.FormatUint(seq, 10),
-			seq:  seq,
-			body: schemas.AppendHistoryBatch(nil, schemas.HistorySourceEngine, job, seq, evs[start:end]),
-		})
+		part := schemas.AppendHistoryBatch(nil, schemas.HistorySourceEngine, job, seq, evs[start:end])
+		if len(body) > 1 {
+			body = append(body, ',')
+		}
+		body = append(body, part[1:len(part)-1]...)
 		start = end
 	}
-	return out
+	body = append(body, ']')
+	last := evs[len(evs)-1].Data.Seq
+	return historyMessage{id: cp.MsgPrefix() + "/" + strconv.FormatUint(last, 10), seq: last, body: body}
+}
+
+// transitions counts the checkpoint sequences events belong to.
+func transitions(evs []schemas.Event) int {
+	n := 0
+	var last uint64
+	for _, ev := range evs {
+		if ev.Data.Seq != last {
+			n++
+			last = ev.Data.Seq
+		}
+	}
+	return n
+}
+
+// flushDue reports whether cp's outbox is published when cp is written:
+// it holds batch transitions, or the job stopped (completed, failed, or
+// waits for a person), so that history readers see how it stopped.
+func flushDue(cp *schemas.Checkpoint, batch int) bool {
+	return len(cp.Events) > 0 && (cp.Status.Stopped() || transitions(cp.Events) >= batch)
+}
+
+// carry returns base's events that next must carry in its outbox: none
+// when base's outbox was published (base.Flush: the caller makes sure it
+// is stored before writing next), else all of them.
+func carry(base *schemas.Checkpoint) (flushed uint64, evs []schemas.Event) {
+	if base.Flush || len(base.Events) == 0 {
+		return base.Seq, nil
+	}
+	return base.Flushed, slices.Clone(base.Events)
 }
 
 // stamp turns the events of one transition into checkpoint events,
@@ -58,4 +93,16 @@ func stamp(evs []event, seq uint64, now time.Time) []schemas.Event {
 		out = append(out, schemas.Event{Type: ev.typ, Time: now, Data: ev.data})
 	}
 	return out
+}
+
+// setOutbox gives next (the checkpoint after base, nil for a new job) its
+// outbox: base's events it must carry, then evs stamped with next's
+// sequence; and decides whether it is published after the write.
+func (e *Engine) setOutbox(base, next *schemas.Checkpoint, evs []event, now time.Time) {
+	next.Flushed, next.Events = 0, nil
+	if base != nil {
+		next.Flushed, next.Events = carry(base)
+	}
+	next.Events = append(next.Events, stamp(evs, next.Seq, now)...)
+	next.Flush = flushDue(next, e.cfg.HistoryBatch)
 }

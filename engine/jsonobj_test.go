@@ -85,7 +85,7 @@ func FuzzSetMembers(f *testing.F) {
 	})
 }
 
-func TestHistoryMessagesOnePerSequence(t *testing.T) {
+func TestOutboxIsOneHistoryMessage(t *testing.T) {
 	t.Parallel()
 	now := time.Now().UTC()
 	evs := []schemas.Event{
@@ -93,19 +93,16 @@ func TestHistoryMessagesOnePerSequence(t *testing.T) {
 		{Type: schemas.EventStepDispatched, Time: now, Data: schemas.HistoryData{Job: "j", Seq: 3, Step: "b"}},
 		{Type: schemas.EventStepCompleted, Time: now, Data: schemas.HistoryData{Job: "j", Seq: 4, Step: "b"}},
 	}
-	msgs := historyMessages("j", "j", evs)
-	if len(msgs) != 2 || msgs[0].id != "j/3" || msgs[0].seq != 3 || msgs[1].id != "j/4" || msgs[1].seq != 4 {
-		t.Fatalf("messages %+v", msgs)
+	cp := &schemas.Checkpoint{JobID: "j", IndexRev: 7, Seq: 4, Flushed: 2, Events: evs}
+	hm := outboxMessage(cp, evs)
+	if hm.id != "j/i7/4" || hm.seq != 4 {
+		t.Fatalf("message %s (seq %d), want j/i7/4", hm.id, hm.seq)
+	}
+	got, err := schemas.DecodeHistory(hm.body)
+	if err != nil {
+		t.Fatal(err)
 	}
 	want := schemas.CheckpointHistory("j", evs)
-	var got []schemas.HistoryEvent
-	for _, m := range msgs {
-		part, err := schemas.DecodeHistory(m.body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, part...)
-	}
 	if len(got) != 3 || got[0].ID != "j/3/0" || got[1].ID != "j/3/1" || got[2].ID != "j/4/0" {
 		t.Fatalf("events %+v", got)
 	}

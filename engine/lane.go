@@ -92,11 +92,6 @@ type plan struct {
 	// republish: nothing to write; publish base's events (and, with
 	// dispatch, base.Current) again, under the ids they had.
 	republish bool
-	// outbox holds base's events that are not known to be stored in the
-	// history stream: published and acknowledged before next is written,
-	// so that a checkpoint never has to carry an earlier transition's
-	// events (see schemas.Checkpoint.Events).
-	outbox []schemas.Event
 	// markAmbiguous names an effect whose ledger record must say
 	// "ambiguous" once next is written (a step failed for good while its
 	// effect may have happened).
@@ -214,7 +209,7 @@ func (e *Engine) safeDecide(ctx context.Context, p *plan) (redo bool) {
 			buf := make([]byte, 4096)
 			buf = buf[:runtime.Stack(buf, false)]
 			e.ctr.panics.Add(1)
-			p.next, p.republish, p.dispatch, p.outbox = nil, false, false, nil
+			p.next, p.republish, p.dispatch = nil, false, false
 			p.err = fmt.Errorf("job %s: %w: %v", p.job, errPanicked, r)
 			e.log.Error("contained a panic while deciding a transition; the job's messages are held back", "job", p.job, "panic", fmt.Sprint(r), "stack", string(buf))
 			redo = false
@@ -283,7 +278,7 @@ func (e *Engine) load(ctx context.Context, ps []*plan, fresh bool) {
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 32)
 	for _, p := range ps {
-		p.next, p.dispatch, p.republish, p.outbox, p.markAmbiguous, p.keep, p.entry = nil, false, false, nil, "", false, nil
+		p.next, p.dispatch, p.republish, p.markAmbiguous, p.keep, p.entry = nil, false, false, "", false, nil
 		p.err, p.tally = nil, tally{}
 		if !fresh {
 			if c, ok := e.cache.get(p.job); ok {
@@ -311,15 +306,15 @@ func (e *Engine) load(ctx context.Context, ps []*plan, fresh bool) {
 				return
 			}
 			c := &cached{cp: ent.Checkpoint, rev: ent.Revision, size: ent.Size}
-			if len(c.cp.Events) > 0 {
+			if c.cp.Flush {
+				// Its outbox was to be published after the write, by an engine
+				// that may have died: the stream says whether it is stored.
 				last, err := e.store.History.LastSeq(ctx, p.job)
 				if err != nil {
 					p.err = err
 					return
 				}
 				c.published.Store(last)
-			} else {
-				c.published.Store(c.cp.Seq)
 			}
 			p.base = c
 			e.cache.add(p.job, c)
@@ -328,12 +323,12 @@ func (e *Engine) load(ctx context.Context, ps []*plan, fresh bool) {
 	wg.Wait()
 }
 
-// storeOutboxes makes sure, before the plans' checkpoints are written, that
-// their base checkpoints' events are stored in the history stream: it
-// waits for this engine's own publication of them if one is in flight,
-// and publishes (again, under the same ids) whatever is still not known to
-// be stored. A plan whose events cannot be stored fails (its messages are
-// handed back): writing over an unpublished outbox would lose it.
+// storeOutboxes makes sure, before the plans' checkpoints are written,
+// that the outboxes their base checkpoints were to publish are stored in
+// the history stream: it waits for this engine's own publication if one
+// is in flight, and publishes (again, under the same id) what is still not
+// known to be stored. A plan whose base outbox cannot be stored fails (its
+// messages are handed back): writing over it would lose it.
 func (e *Engine) storeOutboxes(ctx context.Context, ps []*plan) {
 	var need []*plan
 	for _, p := range ps {
@@ -352,11 +347,6 @@ func (e *Engine) storeOutboxes(ctx context.Context, ps []*plan) {
 				continue
 			}
 		}
-		p.outbox = unpublished(p.base.cp.Events, p.base.published.Load())
-		if len(p.outbox) == 0 {
-			p.base.published.Store(p.base.cp.Seq)
-			continue
-		}
 		need = append(need, p)
 	}
 	if len(need) == 0 {
@@ -365,35 +355,26 @@ func (e *Engine) storeOutboxes(ctx context.Context, ps []*plan) {
 	wctx, cancel := context.WithTimeout(ctx, e.cfg.PublishTimeout)
 	defer cancel()
 	type sent struct {
-		p  *plan
-		fs []jetstream.PubAckFuture
+		p *plan
+		f jetstream.PubAckFuture
 	}
 	var all []sent
 	for _, p := range need {
-		fs, err := e.publishEvents(p.base.cp, p.outbox)
+		f, err := e.publishOutbox(p.base.cp)
 		if err != nil {
 			p.err = err
 			continue
 		}
-		all = append(all, sent{p, fs})
+		all = append(all, sent{p, f})
 		e.ctr.historyRepublished.Add(1)
 	}
 	for _, s := range all {
-		if err := waitAll(wctx, s.fs); err != nil {
-			s.p.err = fmt.Errorf("job %s: store the events of checkpoint %d before writing the next: %w", s.p.job, s.p.base.cp.Seq, err)
+		if err := waitAll(wctx, []jetstream.PubAckFuture{s.f}); err != nil {
+			s.p.err = fmt.Errorf("job %s: store the history of checkpoint %d before writing the next: %w", s.p.job, s.p.base.cp.Seq, err)
 			continue
 		}
 		s.p.base.published.Store(s.p.base.cp.Seq)
 	}
-}
-
-// unpublished returns the events of sequences after published.
-func unpublished(evs []schemas.Event, published uint64) []schemas.Event {
-	i := 0
-	for i < len(evs) && evs[i].Data.Seq <= published {
-		i++
-	}
-	return evs[i:]
 }
 
 // write sends every plan's checkpoint as a compare-and-swap, all in flight
@@ -460,13 +441,8 @@ func (e *Engine) write(ctx context.Context, ps []*plan) (conflicts []*plan) {
 			f.p.rev = rev
 			e.ctr.transitions.Add(1)
 			c := &cached{cp: f.p.next, rev: rev, size: f.w.Size()}
-			if len(f.p.next.Events) == 0 {
-				c.published.Store(f.p.next.Seq)
-			} else {
+			if f.p.next.Flush {
 				c.flushing = make(chan struct{})
-				if f.p.base != nil {
-					c.published.Store(f.p.base.published.Load())
-				}
 			}
 			f.p.entry = c
 			e.cache.add(f.p.job, c)
@@ -530,7 +506,7 @@ func (e *Engine) tooLarge(p *plan, cause error) bool {
 	ev := failJob(cp, failed, now)
 	cp.Seq = p.base.cp.Seq + 1
 	cp.UpdatedAt, cp.Writer, cp.Cause = now, e.incarnation, p.next.Cause
-	cp.Events = stamp([]event{ev}, cp.Seq, now)
+	e.setOutbox(p.base.cp, cp, []event{ev}, now)
 	p.next, p.dispatch, p.markAmbiguous = cp, false, ""
 	p.tally.completed, p.tally.failed = 0, 1
 	e.log.Warn("job failed: its state would exceed a size limit", "job", cp.JobID, "err", failed)
@@ -580,6 +556,11 @@ func (e *Engine) settle(ps []*plan) {
 		}
 		if p.err != nil {
 			switch {
+			case kv.IsStorageFull(p.err):
+				e.ctr.storageFull.Add(1)
+				if e.quiet.allow("storage/"+p.job, e.cfg.Now()) {
+					e.log.Warn("JetStream storage is full: the job waits, its messages kept, until space is freed", "job", p.job, "err", p.err)
+				}
 			case errors.Is(p.err, schemas.ErrQuarantined):
 				e.ctr.quarantined.Add(1)
 				if e.quiet.allow("quarantine/"+p.job, e.cfg.Now()) {

@@ -33,17 +33,19 @@ func (e *Engine) startPublish(ctx context.Context, ps []*plan) *settlement {
 		if p.err != nil || cp == nil {
 			continue
 		}
-		evs := cp.Events
+		var fs []jetstream.PubAckFuture
+		publish := cp.Flush
 		if p.republish {
 			p.entry = p.base
-			if p.base.knownPublished() {
-				evs = nil
-			}
+			publish = !p.base.knownPublished()
 		}
-		fs, err := e.publishEvents(cp, evs)
-		if err != nil {
-			p.err = err
-			continue
+		if publish {
+			f, err := e.publishOutbox(cp)
+			if err != nil {
+				p.err = err
+				continue
+			}
+			fs = append(fs, f)
 		}
 		if p.dispatch && p.republish {
 			// Publish the recorded dispatch again only when the stream says
@@ -74,25 +76,20 @@ func (e *Engine) startPublish(ctx context.Context, ps []*plan) *settlement {
 	return st
 }
 
-// publishEvents publishes evs, events of cp's job, one message per
-// checkpoint sequence (a CloudEvents batch), with Nats-Msg-Id
-// "<msg prefix>/<seq>".
-func (e *Engine) publishEvents(cp *schemas.Checkpoint, evs []schemas.Event) ([]jetstream.PubAckFuture, error) {
-	job := cp.JobID
-	var fs []jetstream.PubAckFuture
-	for _, b := range historyMessages(job, cp.MsgPrefix(), evs) {
-		m := nats.NewMsg(e.store.Names.HistorySubject(job))
-		m.Data = b.body
-		m.Header.Set(jetstream.MsgIDHeader, b.id)
-		m.Header.Set(kv.HeaderSeq, strconv.FormatUint(b.seq, 10))
-		m.Header.Set("Content-Type", schemas.HistoryContentType)
-		f, err := e.store.JS.PublishMsgAsync(m)
-		if err != nil {
-			return nil, fmt.Errorf("publish history of job %s: %w", job, err)
-		}
-		fs = append(fs, f)
+// publishOutbox publishes cp's outbox (its Events, which are not empty)
+// as one history message, with Nats-Msg-Id "<msg prefix>/<last seq>".
+func (e *Engine) publishOutbox(cp *schemas.Checkpoint) (jetstream.PubAckFuture, error) {
+	hm := outboxMessage(cp, cp.Events)
+	m := nats.NewMsg(e.store.Names.HistorySubject(cp.JobID))
+	m.Data = hm.body
+	m.Header.Set(jetstream.MsgIDHeader, hm.id)
+	m.Header.Set(kv.HeaderSeq, strconv.FormatUint(hm.seq, 10))
+	m.Header.Set("Content-Type", schemas.HistoryContentType)
+	f, err := e.store.JS.PublishMsgAsync(m)
+	if err != nil {
+		return nil, fmt.Errorf("publish history of job %s: %w", cp.JobID, err)
 	}
-	return fs, nil
+	return f, nil
 }
 
 // waitAll waits for every acknowledgement; the first error wins.
@@ -138,7 +135,7 @@ func (e *Engine) finish(ctx context.Context, st *settlement) {
 			p.err = fmt.Errorf("publish for job %s: %w", p.job, err)
 		}
 		if c != nil {
-			if p.err == nil {
+			if p.err == nil && c.cp.Flush {
 				c.published.Store(c.cp.Seq)
 			}
 			c.doneFlushing()

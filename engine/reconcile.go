@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
 )
@@ -167,11 +168,11 @@ func (e *Engine) finishEnded(ctx context.Context, ent kv.Entry, activeRev uint64
 		if err != nil {
 			return fmt.Errorf("reconcile job %s: %w", cp.JobID, err)
 		}
-		if evs := unpublished(cp.Events, last); len(evs) > 0 {
-			fs, err := e.publishEvents(cp, evs)
+		if last < cp.Seq {
+			f, err := e.publishOutbox(cp)
 			if err == nil {
 				wctx, cancel := context.WithTimeout(ctx, e.cfg.PublishTimeout)
-				err = waitAll(wctx, fs)
+				err = waitAll(wctx, []jetstream.PubAckFuture{f})
 				cancel()
 			}
 			if err != nil {
@@ -385,14 +386,12 @@ func (e *Engine) transitionOne(ctx context.Context, ent kv.Entry, cause string, 
 	apply func(c *compiled, next *schemas.Checkpoint) []event) (written bool, err error) {
 	cp := ent.Checkpoint
 	base := &cached{cp: cp, rev: ent.Revision, size: ent.Size}
-	if len(cp.Events) > 0 {
+	if cp.Flush {
 		last, err := e.store.History.LastSeq(ctx, cp.JobID)
 		if err != nil {
 			return false, err
 		}
 		base.published.Store(last)
-	} else {
-		base.published.Store(cp.Seq)
 	}
 	p := &plan{job: cp.JobID, base: base, fresh: true}
 	if err := e.definition(ctx, p, cp.DefinitionHash); err != nil {
@@ -408,7 +407,7 @@ func (e *Engine) transitionOne(ctx context.Context, ent kv.Entry, cause string, 
 		return false, nil
 	}
 	next.Seq, next.UpdatedAt, next.Writer, next.Cause = cp.Seq+1, now, e.incarnation, cause
-	next.Events = stamp(evs, next.Seq, now)
+	e.setOutbox(cp, next, evs, now)
 	p.next = next
 	p.dispatch = next.Current != nil && (cp.Current == nil || cp.Current.MsgID != next.Current.MsgID)
 	if next.Status == schemas.JobNeedsReconciliation && cp.Status != schemas.JobNeedsReconciliation && next.Blocked != nil {

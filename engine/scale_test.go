@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -93,19 +92,23 @@ func TestHistoryIsStoredOncePerTransition(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		cacheBytes int
-	}{{"no cache", -1}, {"cache", 0}} {
+		batch      int
+	}{{"no cache, batch 2", -1, 2}, {"cache, batch 8", 0, 8}, {"no cache, batch 1", -1, 1}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			var outboxes sync.Map // job → a checkpoint that carried another sequence's events
+			var outboxes sync.Map // job → a checkpoint whose outbox was wrong
 			onWrite := func(cp *schemas.Checkpoint) {
+				if n := transitions(cp.Events); n > tc.batch {
+					outboxes.Store(cp.JobID, fmt.Sprintf("seq %d carries %d transitions, more than a batch (%d)", cp.Seq, n, tc.batch))
+				}
 				for _, ev := range cp.Events {
-					if ev.Data.Seq != cp.Seq {
-						outboxes.Store(cp.JobID, fmt.Sprintf("seq %d carries an event of seq %d", cp.Seq, ev.Data.Seq))
+					if ev.Data.Seq <= cp.Flushed || ev.Data.Seq > cp.Seq {
+						outboxes.Store(cp.JobID, fmt.Sprintf("seq %d (flushed to %d) carries an event of seq %d", cp.Seq, cp.Flushed, ev.Data.Seq))
 					}
 				}
 			}
-			b := setup(t, setupOptions{engine: Config{CacheBytes: tc.cacheBytes, OnWrite: onWrite}})
-			second := b.runEngine(Config{CacheBytes: tc.cacheBytes, OnWrite: onWrite})
+			b := setup(t, setupOptions{engine: Config{CacheBytes: tc.cacheBytes, HistoryBatch: tc.batch, OnWrite: onWrite}})
+			second := b.runEngine(Config{CacheBytes: tc.cacheBytes, HistoryBatch: tc.batch, OnWrite: onWrite})
 			b.worker(echo)
 			def := b.define(fiveSteps)
 			const jobs = 20
@@ -122,27 +125,38 @@ func TestHistoryIsStoredOncePerTransition(t *testing.T) {
 				final[id] = v.Seq
 			}
 			outboxes.Range(func(k, v any) bool { t.Errorf("job %s: %s", k, v); return true })
-			// The last transition's events are published after its write:
-			// wait until every job's last sequence is in the stream.
-			per := map[string]map[uint64]int{}
+			// A stopped job's outbox is published after its last write:
+			// wait until every job's last sequence is in the stream. Then
+			// every event is stored exactly once, in messages that each hold
+			// whole transitions and follow one another.
+			events := map[string]map[string]int{} // job → event id → copies
+			seqs := map[string]map[uint64]bool{}
 			testsupport.Eventually(t, 10*time.Second, func() bool {
-				per = map[string]map[uint64]int{}
+				events, seqs = map[string]map[string]int{}, map[string]map[uint64]bool{}
+				last := map[string]uint64{}
 				for _, m := range allHistory(t, b.store) {
 					if strings.HasSuffix(m.Subject, ".effects") {
 						continue
 					}
 					job := strings.TrimPrefix(m.Subject, b.store.Names.HistoryPrefix)
-					seq, err := strconv.ParseUint(m.Header.Get(kv.HeaderSeq), 10, 64)
+					evs, err := schemas.DecodeHistory(m.Data)
 					if err != nil {
-						t.Fatalf("history message %s has no %s header", m.Header.Get(jetstream.MsgIDHeader), kv.HeaderSeq)
+						t.Fatal(err)
 					}
-					if per[job] == nil {
-						per[job] = map[uint64]int{}
+					if events[job] == nil {
+						events[job], seqs[job] = map[string]int{}, map[uint64]bool{}
 					}
-					per[job][seq]++
+					for _, h := range evs {
+						events[job][h.ID]++
+						seqs[job][h.Data.Seq] = true
+						if h.Data.Seq < last[job] {
+							t.Errorf("job %s: event %s (seq %d) after seq %d", job, h.ID, h.Data.Seq, last[job])
+						}
+						last[job] = h.Data.Seq
+					}
 				}
 				for _, id := range ids {
-					if per[id][final[id]] == 0 {
+					if last[id] != final[id] {
 						return false
 					}
 				}
@@ -151,13 +165,15 @@ func TestHistoryIsStoredOncePerTransition(t *testing.T) {
 			// Sequence 1 is the pending checkpoint its client created: no
 			// events. Every later one is a transition with events.
 			for _, id := range ids {
-				for seq := uint64(2); seq <= final[id]; seq++ {
-					if n := per[id][seq]; n != 1 {
-						t.Errorf("job %s, seq %d: %d history messages, want exactly 1", id, seq, n)
+				for ev, n := range events[id] {
+					if n != 1 {
+						t.Errorf("job %s: event %s stored %d times, want once", id, ev, n)
 					}
 				}
-				if len(per[id]) != int(final[id])-1 {
-					t.Errorf("job %s: history messages for %d sequences, want %d", id, len(per[id]), final[id]-1)
+				for seq := uint64(2); seq <= final[id]; seq++ {
+					if !seqs[id][seq] {
+						t.Errorf("job %s: no event of seq %d in the history stream", id, seq)
+					}
 				}
 			}
 			// The history read back is whole and in order.

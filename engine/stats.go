@@ -43,6 +43,10 @@ type Stats struct {
 	Panics          uint64 `json:"panics"`         // panics contained while handling one job's messages
 	Quarantined     uint64 `json:"quarantined"`    // times a job's messages were held back: its checkpoint cannot be trusted
 	IndexRepaired   uint64 `json:"index_repaired"` // index entries the reconciler fixed (a crash between two writes)
+	// StorageFull counts transitions that could not be written because
+	// JetStream's storage is full; their messages are kept and tried
+	// again.
+	StorageFull uint64 `json:"storage_full"`
 	// ActiveJobs is the number of jobs in the index that may still change,
 	// at the last reconcile pass; StepsWaitingForWorkers, of those, the
 	// ones whose step message waits in its pool's queue past its deadline.
@@ -64,7 +68,7 @@ type counters struct {
 	deadLetters, swept, requeued                         atomic.Uint64
 	jobsSwept, historyRepublished, definitionBlocked     atomic.Uint64
 	definitionUnblocked, markedAmbiguous, panics         atomic.Uint64
-	quarantined, indexRepaired                           atomic.Uint64
+	quarantined, indexRepaired, storageFull              atomic.Uint64
 	activeJobs, waitingForWorkers                        atomic.Int64
 	oldestRunning                                        atomic.Int64 // ms
 	started                                              atomic.Int64 // unix ns

@@ -305,22 +305,7 @@ func (c *Checkpoints) GetFromLeader(ctx context.Context, job string) (Entry, err
 // leaderLastMsg reads subject's last message in stream through the
 // stream's leader ($JS.API.STREAM.MSG.GET), nil when there is none.
 func leaderLastMsg(ctx context.Context, js jetstream.JetStream, stream, subject string) (*jetstream.RawStreamMsg, error) {
-	prefix := "$JS.API."
-	if o := js.Options(); o.Domain != "" {
-		prefix = "$JS." + o.Domain + ".API."
-	} else if o.APIPrefix != "" {
-		prefix = strings.TrimSuffix(o.APIPrefix, ".") + "."
-	}
 	req, _ := json.Marshal(map[string]string{"last_by_subj": subject})
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-	}
-	resp, err := js.Conn().RequestWithContext(ctx, prefix+"STREAM.MSG.GET."+stream, req)
-	if err != nil {
-		return nil, err
-	}
 	var r struct {
 		Message *struct {
 			Subject string    `json:"subject"`
@@ -331,7 +316,7 @@ func leaderLastMsg(ctx context.Context, js jetstream.JetStream, stream, subject 
 		} `json:"message"`
 		Error *jetstream.APIError `json:"error"`
 	}
-	if err := json.Unmarshal(resp.Data, &r); err != nil {
+	if err := apiRequest(ctx, js, "STREAM.MSG.GET."+stream, req, &r); err != nil {
 		return nil, fmt.Errorf("read %s: %w", subject, err)
 	}
 	if r.Error != nil {
@@ -345,6 +330,7 @@ func leaderLastMsg(ctx context.Context, js jetstream.JetStream, stream, subject 
 	}
 	m := &jetstream.RawStreamMsg{Subject: r.Message.Subject, Sequence: r.Message.Seq, Data: r.Message.Data, Time: r.Message.Time}
 	if len(r.Message.Header) > 0 {
+		var err error
 		if m.Header, err = nats.DecodeHeadersMsg(r.Message.Header); err != nil {
 			return nil, fmt.Errorf("read %s: headers: %w", subject, err)
 		}

@@ -178,15 +178,45 @@ func (j *Jobs) Remove(ctx context.Context, key string, rev uint64) error {
 
 // purgeUpTo removes subject's messages in stream whose sequence is at most
 // rev, leaving later ones.
+// It speaks the purge request of the JetStream API itself: nats.go's needs
+// a stream handle, which costs a stream info request first.
 func purgeUpTo(ctx context.Context, js jetstream.JetStream, stream, subject string, rev uint64) error {
-	st, err := js.Stream(ctx, stream)
-	if err != nil {
-		return fmt.Errorf("purge %s: %w", subject, err)
+	req, _ := json.Marshal(struct {
+		Filter string `json:"filter"`
+		Seq    uint64 `json:"seq"`
+	}{subject, rev + 1})
+	var resp struct {
+		Success bool                `json:"success"`
+		Error   *jetstream.APIError `json:"error"`
 	}
-	if err := st.Purge(ctx, jetstream.WithPurgeSubject(subject), jetstream.WithPurgeSequence(rev+1)); err != nil {
+	if err := apiRequest(ctx, js, "STREAM.PURGE."+stream, req, &resp); err != nil {
 		return fmt.Errorf("purge %s up to %d: %w", subject, rev, err)
 	}
+	if resp.Error != nil {
+		return fmt.Errorf("purge %s up to %d: %w", subject, rev, resp.Error)
+	}
 	return nil
+}
+
+// apiRequest sends a JetStream API request (subject after the API prefix)
+// and decodes the answer into resp.
+func apiRequest(ctx context.Context, js jetstream.JetStream, subject string, req []byte, resp any) error {
+	prefix := "$JS.API."
+	if o := js.Options(); o.Domain != "" {
+		prefix = "$JS." + o.Domain + ".API."
+	} else if o.APIPrefix != "" {
+		prefix = strings.TrimSuffix(o.APIPrefix, ".") + "."
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+	}
+	m, err := js.Conn().RequestWithContext(ctx, prefix+subject, req)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(m.Data, resp)
 }
 
 // Active calls fn with the entry of every job that may still change, in

@@ -1098,3 +1098,18 @@ func (s *Store) epochHook(stage string) {
 		s.testEpochHook(stage)
 	}
 }
+
+// jsErrCodeInsufficientResources is the JetStream API error code of a write
+// refused because the server's storage (or the account's) is full.
+const jsErrCodeInsufficientResources = 10023
+
+// IsStorageFull reports whether err is a write refused because JetStream's
+// storage is full (error code 10023, "insufficient resources"): nothing
+// was stored, and the write succeeds again once space is freed.
+func IsStorageFull(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrCodeInsufficientResources {
+		return true
+	}
+	return err != nil && strings.Contains(err.Error(), "insufficient resources")
+}

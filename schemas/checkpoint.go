@@ -104,11 +104,21 @@ type Checkpoint struct {
 	// before publishing Outbox and Current, so they are published again.
 	Cause string `json:"cause,omitempty"`
 
-	// Events holds the history events of this Seq: a transactional outbox.
-	// They are published, one message per sequence, after the checkpoint is
-	// written; whoever writes Seq+1 first makes sure they are stored (its
-	// own acknowledgement, or the history stream's last message), so a
-	// checkpoint never carries the events of an earlier transition.
+	// Flushed is the sequence up to which the job's history events were
+	// known to be stored in the history stream when this checkpoint was
+	// written; Events holds those of the later sequences, up to Seq: a
+	// transactional outbox. The writer of a checkpoint whose outbox is due
+	// (it holds HistoryBatch transitions, or the job stopped) publishes it
+	// as one history message after the write; whoever writes the next
+	// checkpoint first makes sure that message is stored (its own
+	// acknowledgement, or the history stream's last message), so a
+	// checkpoint carries at most a batch of transitions, however many
+	// engines took turns and whatever their caches held.
+	Flushed uint64 `json:"flushed,omitempty"`
+	// Flush says that the writer of this checkpoint publishes Events, as
+	// one history message, after writing it; the next writer carries them
+	// over otherwise.
+	Flush  bool    `json:"flush,omitempty"`
 	Events []Event `json:"events,omitempty"`
 
 	ResumeCount int `json:"resume_count"`

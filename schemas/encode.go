@@ -96,6 +96,12 @@ func (cp *Checkpoint) AppendJSON(dst []byte) []byte {
 	if cp.Cause != "" {
 		w.strField("cause", cp.Cause)
 	}
+	if cp.Flushed != 0 {
+		w.uintField("flushed", cp.Flushed)
+	}
+	if cp.Flush {
+		w.boolField("flush", true)
+	}
 	if len(cp.Events) > 0 {
 		w.key("events")
 		w.b = append(w.b, '[')

@@ -25,6 +25,8 @@ func sampleCheckpoint() *Checkpoint {
 		Completed: "0,2-5",
 		Current:   &Dispatch{Step: "b", Attempt: 2, RunAttempt: 2, MsgID: "job-1/b/2", Pool: "default", DispatchedAt: t0, NotBefore: &nb, EffectKey: "w/b/k-1"},
 		Cause:     "job-1/b/1/result",
+		Flushed:   5,
+		Flush:     true,
 		Blocked: &Blocked{Step: "b", EffectKey: "job-1/b", Class: EffectUnsafe, Reason: "unknown",
 			LastError: &Error{Code: CodeTimeout, Message: "slow"}},
 		BlockedReason: "definition x not found", BlockedFrom: JobRunning,

@@ -312,6 +312,9 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 	res.Redelivered = redelivered
 	res.Worker = w.cfg.ID
 	if err := w.publishResult(ctx, res, m.Headers().Get(jetstream.MsgIDHeader)); err != nil {
+		if kv.IsStorageFull(err) {
+			w.ctr.storageFull.Add(1)
+		}
 		log.Error("result not published; the step will run again on redelivery", "err", err)
 		_ = m.NakWithDelay(time.Second)
 		return
@@ -347,7 +350,14 @@ func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm 
 		w.ctr.failed.Add(1)
 		res.Error = e
 		res.Output = nil
-		log.Info("step attempt failed", "code", e.Code, "retryable", e.Retryable, "err", e.Message, "effect_state", res.EffectState)
+		if kv.IsStorageFull(e) {
+			// Not the step's failure: the deployment's storage is full, and
+			// the attempt is retried once space is freed.
+			w.ctr.storageFull.Add(1)
+			log.Warn("JetStream storage is full: the attempt could not record its progress and will be tried again", "code", e.Code, "err", e.Message, "effect_state", res.EffectState)
+		} else {
+			log.Info("step attempt failed", "code", e.Code, "retryable", e.Retryable, "err", e.Message, "effect_state", res.EffectState)
+		}
 		return res, notStale
 	}
 	if ps.err != nil {
@@ -609,7 +619,10 @@ type WorkerStats struct {
 	// Overtaken counts deliveries dropped without a report because a later
 	// delivery of the same step message owned the effect (a lease that ran
 	// out under a stalled worker).
-	Overtaken    uint64 `json:"overtaken"`
+	Overtaken uint64 `json:"overtaken"`
+	// StorageFull counts writes this worker saw refused because
+	// JetStream's storage is full (the attempt is tried again later).
+	StorageFull  uint64 `json:"storage_full"`
 	Started      uint64 `json:"steps_started"`
 	Succeeded    uint64 `json:"steps_succeeded"`
 	Failed       uint64 `json:"steps_failed"`
@@ -622,13 +635,13 @@ type WorkerStats struct {
 type workerCounters struct {
 	started, succeeded, failed, redeliveries, held, published, heartbeats atomic.Uint64
 	replayedEffects, ambiguousEffects, stale, replayedPure, settledLate   atomic.Uint64
-	overtaken                                                             atomic.Uint64
+	overtaken, storageFull                                                atomic.Uint64
 }
 
 // Stats returns a snapshot of the worker's counters. Safe for concurrent use.
 func (w *Worker) Stats() WorkerStats {
 	c := &w.ctr
-	return WorkerStats{ReplayedEffects: c.replayedEffects.Load(), ReplayedPure: c.replayedPure.Load(), AmbiguousEffects: c.ambiguousEffects.Load(), SettledLate: c.settledLate.Load(), Stale: c.stale.Load(), Overtaken: c.overtaken.Load(),
+	return WorkerStats{ReplayedEffects: c.replayedEffects.Load(), ReplayedPure: c.replayedPure.Load(), AmbiguousEffects: c.ambiguousEffects.Load(), SettledLate: c.settledLate.Load(), Stale: c.stale.Load(), Overtaken: c.overtaken.Load(), StorageFull: c.storageFull.Load(),
 		Started: c.started.Load(), Succeeded: c.succeeded.Load(), Failed: c.failed.Load(),
 		Redeliveries: c.redeliveries.Load(), Held: c.held.Load(), Published: c.published.Load(), Heartbeats: c.heartbeats.Load()}
 }

@@ -29,19 +29,23 @@ import (
 
 // Config says what to measure. Zero fields take the defaults stated.
 type Config struct {
-	Jobs        int          `json:"jobs"`          // jobs per round; default 100
-	Steps       int          `json:"steps"`         // steps per job; default 10
-	Concurrency int          `json:"concurrency"`   // jobs in flight; default Jobs
-	Payload     int          `json:"payload_bytes"` // state size in bytes; default 1024
-	Kind        string       `json:"kind"`          // noop (default), http (a local server) or model (replay)
-	Workers     int          `json:"worker_concurrency"`
-	Sync        string       `json:"sync"`          // always or interval (default)
-	Queues      string       `json:"queue_storage"` // Waymark's work and inbox queues: file (default) or memory; the floor's stay on file
-	Rounds      int          `json:"rounds"`        // rounds of each; medians are reported; default 1
-	Floor       bool         `json:"floor"`         // also measure the floor
-	Engine      bool         `json:"engine"`        // measure Waymark (default true via WithDefaults)
-	Dir         string       `json:"-"`             // where servers keep files; default a temporary directory
-	Logger      *slog.Logger `json:"-"`
+	Jobs        int    `json:"jobs"`          // jobs per round; default 100
+	Steps       int    `json:"steps"`         // steps per job; default 10
+	Concurrency int    `json:"concurrency"`   // jobs in flight; default Jobs
+	Payload     int    `json:"payload_bytes"` // state size in bytes; default 1024
+	Kind        string `json:"kind"`          // noop (default), http (a local server) or model (replay)
+	Workers     int    `json:"worker_concurrency"`
+	Sync        string `json:"sync"`          // always or interval (default)
+	Queues      string `json:"queue_storage"` // Waymark's work and inbox queues: file (default) or memory; the floor's stay on file
+	Rounds      int    `json:"rounds"`        // rounds of each; medians are reported; default 1
+	// HistoryBatch and CacheBytes are the engine's (engine.Config); zero
+	// means its default, a negative CacheBytes no cache.
+	HistoryBatch int          `json:"history_batch,omitempty"`
+	CacheBytes   int          `json:"cache_bytes,omitempty"`
+	Floor        bool         `json:"floor"`  // also measure the floor
+	Engine       bool         `json:"engine"` // measure Waymark (default true via WithDefaults)
+	Dir          string       `json:"-"`      // where servers keep files; default a temporary directory
+	Logger       *slog.Logger `json:"-"`
 }
 
 // WithDefaults fills zero fields.

@@ -77,6 +77,8 @@ It prints both and their ratios; medians over --rounds.`,
 	f.StringVar(&c.Sync, "sync", "interval", "embedded JetStream sync policy: always or interval (the default here is interval; engine run and serve default to always)")
 	f.StringVar(&c.Queues, "queue-storage", "file", "Waymark's work and inbox queues: file or memory (the floor's stay on file)")
 	f.IntVar(&c.Rounds, "rounds", 1, "rounds of each system; medians are reported")
+	f.IntVar(&c.HistoryBatch, "history-batch", 0, "transitions a checkpoint carries before its history is published (engine default 8)")
+	f.IntVar(&c.CacheBytes, "cache-bytes", 0, "the engine's checkpoint cache in bytes (default 64 MiB; -1 for none: every transition reads its checkpoint)")
 	f.BoolVar(&noFloor, "no-floor", false, "skip the floor")
 	f.BoolVar(&floorOnly, "floor-only", false, "measure only the floor")
 	f.StringVarP(&output, "output", "o", "text", "text or json")

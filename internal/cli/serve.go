@@ -171,6 +171,7 @@ func registerEngineMetrics(reg *prometheus.Registry, e *engine.Engine) {
 	counter("effects_marked_ambiguous", "Effects marked ambiguous because their step failed for good while the call may have happened.", func(s engine.Stats) uint64 { return s.MarkedAmbiguous })
 	counter("panics", "Panics contained while deciding one job's transition.", func(s engine.Stats) uint64 { return s.Panics })
 	counter("quarantined", "Times a job's messages were held back because its checkpoint cannot be trusted.", func(s engine.Stats) uint64 { return s.Quarantined })
+	counter("storage_full", "Transitions that could not be written because JetStream's storage is full (kept, tried again).", func(s engine.Stats) uint64 { return s.StorageFull })
 	counter("index_repaired", "Job index entries the reconciler fixed after a crash between two writes.", func(s engine.Stats) uint64 { return s.IndexRepaired })
 	counter("requeued", "Steps dispatched again because the queues were lost (memory queues, server restart).", func(s engine.Stats) uint64 { return s.Requeued })
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{

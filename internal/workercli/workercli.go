@@ -150,6 +150,7 @@ func RegisterMetrics(reg prometheus.Registerer, w *steps.Worker) {
 	counter("replayed_effects", "Effectful attempts answered from the ledger without calling out (the effect had happened).", func(s steps.WorkerStats) uint64 { return s.ReplayedEffects })
 	counter("ambiguous_effects", "Effects declared ambiguous (unsafe, outcome unknown).", func(s steps.WorkerStats) uint64 { return s.AmbiguousEffects })
 	counter("effects_settled_late", "Ambiguous effects reconciled as happened because the worker's own call returned after all.", func(s steps.WorkerStats) uint64 { return s.SettledLate })
+	counter("storage_full", "Writes refused because JetStream's storage is full (the attempt is tried again).", func(s steps.WorkerStats) uint64 { return s.StorageFull })
 	counter("overtaken", "Deliveries dropped without a report: a later delivery of the same step message owned the effect (a lease that ran out under a stalled worker).", func(s steps.WorkerStats) uint64 { return s.Overtaken })
 	counter("stale_attempts", "Attempts dropped because the engine had moved on (fencing).", func(s steps.WorkerStats) uint64 { return s.Stale })
 }
