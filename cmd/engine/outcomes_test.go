@@ -677,8 +677,28 @@ func TestOutcomeOvertakenWorker(t *testing.T) {
 	if err := syscall.Kill(a.cmd.Process.Pid, syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	testsupport.Eventually(t, 20*time.Second, func() bool { return strings.Contains(a.errOut.String(), "overtaken by a later delivery") },
-		"worker A never said it was overtaken:\n%s", effLazy(func() string { return lastLines(a.errOut.String(), 20) }))
+	// Wait until A is done with its delivery, whichever way it ends: it
+	// says it was overtaken, or it drops the attempt as stale, or it
+	// reports, or it writes the ledger.
+	overtaken := func() bool { return strings.Contains(a.errOut.String(), "overtaken by a later delivery") }
+	testsupport.Eventually(t, 20*time.Second, func() bool {
+		if overtaken() {
+			return true
+		}
+		for _, c := range []string{"stale_attempts", "results_published", "steps_succeeded", "steps_failed"} {
+			if ocCounter(t, aMetrics, c) > 0 {
+				return true
+			}
+		}
+		ent, err := store.Effects.Get(ctx, key)
+		return err == nil && ent.Revision != settled.Revision
+	}, "worker A never finished its delivery after it was continued:\n%s", effLazy(func() string { return lastLines(a.errOut.String(), 20) }))
+	if !overtaken() {
+		t.Errorf("worker A's log does not say it was overtaken:\n%s", lastLines(a.errOut.String(), 20))
+	}
+	if n := ocCounter(t, aMetrics, "stale_attempts"); n != 0 {
+		t.Errorf("worker A dropped %v attempts as stale; want it to know it was overtaken", n)
+	}
 	if n := ocCounter(t, aMetrics, "results_published"); n != 0 {
 		t.Errorf("worker A published %v results after it was overtaken; want none", n)
 	}
@@ -923,5 +943,133 @@ func TestOutcomeResolutionMovesNothing(t *testing.T) {
 	}
 	if v, err := b.client.Job(ctx, job); err != nil || v.Status != schemas.JobCompleted {
 		t.Errorf("job %s: %v, %v; want still completed", job, v, err)
+	}
+}
+
+// TestOutcomeSharedKeyFencedPerJob: fencing by (attempt, delivery) only
+// compares attempts of one job. A first job for an order is refused twice
+// (429: nothing happened) and fails, leaving the shared record prepared by
+// its attempt 2; a second job for the order, on its attempt 1, is not
+// "overtaken" by that record: it sends the mail and completes, and the
+// record says which job's attempt wrote it.
+func TestOutcomeSharedKeyFencedPerJob(t *testing.T) {
+	t.Parallel()
+	const refused, second = "fenced-1", "fenced-2"
+	var mu sync.Mutex
+	calls, sent := 0, map[string]int{}
+	mail := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		w.Header().Set("Content-Type", "application/json")
+		if calls <= 2 {
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = io.WriteString(w, `{"error": "slow down; nothing was sent"}`)
+			return
+		}
+		sent[r.Header.Get("Idempotency-Key")]++
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id": "msg_%06d"}`, calls)
+	}))
+	t.Cleanup(mail.Close)
+	gate := newOCGate(t)
+	b := effSetup(t, effOptions{noWorker: true, workflow: ocTestdata("shared-order.yaml")})
+	b.env.Services["mail"] = mail.URL // in place of the bundled one
+	b.env.Services["gate"] = gate.srv.URL
+	b.worker = b.startWorker(steps.WorkerConfig{ID: "worker-1"})
+
+	b.start(refused)
+	v := b.waitStopped(refused)
+	if v.Status != schemas.JobFailed || v.Error == nil || !strings.Contains(v.Error.Message, "429") {
+		t.Fatalf("job %s: %s (%v); want failed by the refusals (nothing was sent)", refused, v.Status, v.Error)
+	}
+	recs, err := b.client.Effects(context.Background(), client.EffectFilter{Job: refused})
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("effects of %s: %v, %v; want the shared record", refused, recs, err)
+	}
+	key := recs[0].Key
+	if r := recs[0]; r.State != schemas.EffectPrepared || r.Attempt != 2 || r.Job != refused || r.Calls != 2 {
+		t.Fatalf("record %s: %+v; want prepared by %s's attempt 2 after 2 calls", key, r, refused)
+	}
+
+	b.start(second)
+	testsupport.Eventually(t, 15*time.Second, func() bool {
+		v, err = b.client.Job(context.Background(), second)
+		return err == nil && v.Status.Stopped()
+	}, "job %s never stopped: another job's higher attempt fenced it out? (worker %+v)", second, effLazy(func() string { return fmt.Sprintf("%+v", b.worker.Stats()) }))
+	if v.Status != schemas.JobCompleted {
+		t.Fatalf("job %s: %s (%v); want completed: another job's higher attempt must not fence it out", second, v.Status, v.Error)
+	}
+	rec := b.record(key)
+	if rec.State != schemas.EffectConfirmed || rec.Job != refused || rec.AttemptOf != second || rec.Attempt != 1 || !slices.Contains(rec.SharedBy, second) || rec.Calls != 3 {
+		t.Errorf("record %s: %+v; want confirmed, created by %s, written by %s's attempt 1, shared by it, after 3 calls", key, rec, refused, second)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if calls != 3 || sent[key] != 1 {
+		t.Errorf("mail: %d calls, %d sent for %s; want 3 calls (2 refused) and one mail", calls, sent[key], key)
+	}
+	if st := b.worker.Stats(); st.Overtaken != 0 || st.Stale != 0 {
+		t.Errorf("worker: %d overtaken, %d stale attempts; want none", st.Overtaken, st.Stale)
+	}
+}
+
+// TestOutcomeSharedKeyNotHappened: the mail service fails the first job's
+// call with a 503 (nobody knows whether it sent), the second job for the
+// order waits on the same ambiguous record, and a person says it did not
+// happen: both jobs go on, one of them sends the mail, the other takes its
+// result, and the mail goes out once.
+func TestOutcomeSharedKeyNotHappened(t *testing.T) {
+	t.Parallel()
+	const first, second = "again-1", "again-2"
+	gate := newOCGate(t)
+	b := effSetup(t, effOptions{noWorker: true, workflow: ocTestdata("shared-order.yaml"),
+		demo: map[string]demo.Options{demo.NameMail: {FailNext: 1}}})
+	b.env.Services["gate"] = gate.srv.URL
+	b.worker = b.startWorker(steps.WorkerConfig{ID: "worker-1"})
+	ctx := context.Background()
+
+	b.start(first)
+	v := b.waitStopped(first)
+	if v.Status != schemas.JobNeedsReconciliation || v.Blocked == nil {
+		t.Fatalf("job %s: %s (%v); want needs_reconciliation", first, v.Status, v.Error)
+	}
+	key := v.Blocked.EffectKey
+	b.start(second)
+	v = b.waitStopped(second)
+	ocCheckBlocked(t, v, "", "notify", key, schemas.EffectUnsafe, schemas.CodeAmbiguous)
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		r, err := b.client.Effect(ctx, key)
+		return err == nil && slices.Contains(r.SharedBy, second)
+	}, "%s never recorded as waiting on %s", second, key)
+	b.checkProvider(demo.NameMail, key, 1, 0)
+
+	res, err := b.client.ResolveEffect(ctx, key, schemas.EffectResolution{By: "ops", Note: "not in the outbox"})
+	if err != nil {
+		t.Fatalf("resolve %s: %v", key, err)
+	}
+	if got := slices.Sorted(slices.Values(res.Resumed)); !slices.Equal(got, []string{first, second}) {
+		t.Errorf("resolution resumed %v, want %s and %s", res.Resumed, first, second)
+	}
+	var mails []json.RawMessage
+	for _, job := range []string{first, second} {
+		var v *client.JobView
+		testsupport.Eventually(t, 15*time.Second, func() bool {
+			v, err = b.client.Job(ctx, job)
+			return err == nil && v.Status.Terminal()
+		}, "job %s did not end after the resolution (last: %v)", job, effLazy(func() string { return fmt.Sprintf("%+v %v", v, err) }))
+		if v.Status != schemas.JobCompleted {
+			t.Errorf("job %s: %s (%v), want completed", job, v.Status, v.Error)
+		}
+		mails = append(mails, stateField(t, v, "mail"))
+		ocNoFailure(t, b.history(job))
+	}
+	b.checkProvider(demo.NameMail, key, 2, 1)
+	if !jsonEqual(mails[0], []byte(`{"id": "msg_000001"}`)) || !jsonEqual(mails[1], mails[0]) {
+		t.Errorf("state.mail of the two jobs: %s and %s; want both the one message sent", mails[0], mails[1])
+	}
+	if rec := b.record(key); !rec.Settled() || rec.Calls != 2 || rec.ExternalID != "msg_000001" {
+		t.Errorf("record %s: %+v; want settled with the message sent, after 2 calls", key, rec)
 	}
 }
