@@ -896,7 +896,7 @@ func TestOutcomeResolutionMovesNothing(t *testing.T) {
 	t.Parallel()
 	const job = "ended"
 	key := job + "/charge"
-	b := effSetup(t, effOptions{tcp: true, workflow: filepath.Join(testsupport.ModuleRoot(), "cmd/engine/testdata/charge.yaml")})
+	b := effSetup(t, effOptions{tcp: true, workflow: ocTestdata("charge.yaml")})
 	b.start(job)
 	if v := b.waitStopped(job); v.Status != schemas.JobCompleted {
 		t.Fatalf("job %s: %s (%v), want completed", job, v.Status, v.Error)
