@@ -182,6 +182,17 @@ func applyResult(c *compiled, cp *schemas.Checkpoint, res *schemas.StepResult, n
 		// the step's failure, so no retry is used up.
 		return outcomeApplied, []event{redispatch(cp, now, "the worker could not load the definition ("+res.Error.Message+"): dispatched again")}
 	}
+	if res.Error != nil && res.Error.Code == schemas.CodeWaiting {
+		// The step waits on something outside it (another job's call under
+		// the same idempotency key): try again later, without using up an
+		// attempt. max_steps still bounds how long.
+		ev := redispatch(cp, now, res.Error.Message+": dispatched again later")
+		nb := now.Add(c.def.RetryOf(step).Delay(2))
+		cp.Current.NotBefore = &nb
+		cp.Steps[res.Step].Status = schemas.StepRetrying
+		ev.data.NotBefore, ev.data.Status = nb, string(schemas.StepRetrying)
+		return outcomeApplied, []event{ev}
+	}
 
 	stepErr := res.Error
 	var newState json.RawMessage

@@ -231,8 +231,10 @@ func (w *Worker) runEffect(ctx context.Context, ps *preparedStep, c *Call, deliv
 				// Safe to call again: the provider recognises the key.
 			case !mine:
 				// Another job's call with the same key may be under way; only
-				// an idempotent provider can take a second one.
-				return nil, Retryable(fmt.Errorf("effect %s is being performed by job %s; this attempt waits for its outcome", key, attemptJob(rec)))
+				// an idempotent provider can take a second one. This step waits
+				// for its outcome, without using up an attempt.
+				return nil, &schemas.Error{Code: schemas.CodeWaiting, Retryable: true,
+					Message: fmt.Sprintf("effect %s is being performed by job %s; this step waits for its outcome", key, attemptJob(rec))}
 			case class == schemas.EffectLookup:
 				if out, found, err := w.lookup(ctx, ps, c); err != nil {
 					return nil, Retryable(fmt.Errorf("effect %s: look up whether it happened: %w", key, err))

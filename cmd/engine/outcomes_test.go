@@ -1063,7 +1063,19 @@ func TestOutcomeSharedKeyNotHappened(t *testing.T) {
 			t.Errorf("job %s: %s (%v), want completed", job, v.Status, v.Error)
 		}
 		mails = append(mails, stateField(t, v, "mail"))
-		ocNoFailure(t, b.history(job))
+		evs := b.history(job)
+		ocNoFailure(t, evs)
+		// The job that found the other one's call under way waited for its
+		// outcome without using up an attempt: it did not block again, and
+		// the effect was not declared ambiguous while the call was made.
+		unblocked := slices.IndexFunc(evs, func(e schemas.HistoryEvent) bool { return e.Type == schemas.EventStepUnblocked })
+		if unblocked >= 0 {
+			for _, e := range evs[unblocked:] {
+				if e.Type == schemas.EventStepBlocked || e.Type == schemas.EventEffectAmbiguous {
+					t.Errorf("job %s: %s after the resolution: %s", job, e.Type, effTypes(evs))
+				}
+			}
+		}
 	}
 	b.checkProvider(demo.NameMail, key, 2, 1)
 	if !jsonEqual(mails[0], []byte(`{"id": "msg_000001"}`)) || !jsonEqual(mails[1], mails[0]) {
