@@ -413,7 +413,8 @@ func completeJob(cp *schemas.Checkpoint, now time.Time) event {
 func digest(b []byte) string { return schemas.Digest(b) }
 
 // cloneCheckpoint copies cp deeply enough that applying a transition to
-// the copy leaves cp (as cached) untouched.
+// the copy leaves cp (as cached) untouched. The copy has no events: the
+// next checkpoint's outbox is built by setOutbox.
 func cloneCheckpoint(cp *schemas.Checkpoint) *schemas.Checkpoint {
 	c := *cp
 	c.Steps = make(map[string]*schemas.StepRecord, len(cp.Steps))
@@ -425,6 +426,6 @@ func cloneCheckpoint(cp *schemas.Checkpoint) *schemas.Checkpoint {
 		d := *cp.Current
 		c.Current = &d
 	}
-	c.Events = append([]schemas.Event(nil), cp.Events...)
+	c.Events = nil
 	return &c
 }

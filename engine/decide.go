@@ -19,7 +19,6 @@ func (e *Engine) decide(ctx context.Context, p *plan) (redo bool) {
 	var cp *schemas.Checkpoint
 	if p.base != nil {
 		cp = cloneCheckpoint(p.base.cp)
-		cp.Events = nil // the next checkpoint carries only its own events
 	}
 	var evs []event
 	changed, republish := false, false

@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"slices"
 	"strconv"
 	"time"
 
@@ -65,11 +64,13 @@ func flushDue(cp *schemas.Checkpoint, batch int) bool {
 // carry returns base's events that next must carry in its outbox: none
 // when base's outbox was published (base.Flush: the caller makes sure it
 // is stored before writing next), else all of them.
-func carry(base *schemas.Checkpoint) (flushed uint64, evs []schemas.Event) {
+func carry(base *schemas.Checkpoint, extra int) (flushed uint64, evs []schemas.Event) {
 	if base.Flush || len(base.Events) == 0 {
-		return base.Seq, nil
+		return base.Seq, make([]schemas.Event, 0, extra)
 	}
-	return base.Flushed, slices.Clone(base.Events)
+	evs = make([]schemas.Event, len(base.Events), len(base.Events)+extra)
+	copy(evs, base.Events)
+	return base.Flushed, evs
 }
 
 // stamp turns the events of one transition into checkpoint events,
@@ -77,10 +78,15 @@ func carry(base *schemas.Checkpoint) (flushed uint64, evs []schemas.Event) {
 // (a completion, a failure to retry or to route to on_error, an unblock):
 // "a completed; next: b, attempt 1" is one event, not two.
 func stamp(evs []event, seq uint64, now time.Time) []schemas.Event {
-	out := make([]schemas.Event, 0, len(evs))
+	return stampTo(make([]schemas.Event, 0, len(evs)), evs, seq, now)
+}
+
+// stampTo is stamp appending to out.
+func stampTo(out []schemas.Event, evs []event, seq uint64, now time.Time) []schemas.Event {
+	base := len(out)
 	for _, ev := range evs {
 		ev.data.Seq = seq
-		if n := len(out); ev.typ == schemas.EventStepDispatched && n > 0 {
+		if n := len(out); ev.typ == schemas.EventStepDispatched && n > base {
 			switch prev := &out[n-1]; prev.Type {
 			case schemas.EventStepCompleted, schemas.EventStepFailed, schemas.EventStepUnblocked, schemas.EventJobUnblocked:
 				prev.Data.Next, prev.Data.NextAttempt = ev.data.Step, ev.data.Attempt
@@ -99,10 +105,10 @@ func stamp(evs []event, seq uint64, now time.Time) []schemas.Event {
 // outbox: base's events it must carry, then evs stamped with next's
 // sequence; and decides whether it is published after the write.
 func (e *Engine) setOutbox(base, next *schemas.Checkpoint, evs []event, now time.Time) {
-	next.Flushed, next.Events = 0, nil
+	next.Flushed, next.Events = 0, make([]schemas.Event, 0, len(evs))
 	if base != nil {
-		next.Flushed, next.Events = carry(base)
+		next.Flushed, next.Events = carry(base, len(evs))
 	}
-	next.Events = append(next.Events, stamp(evs, next.Seq, now)...)
+	next.Events = stampTo(next.Events, evs, next.Seq, now)
 	next.Flush = flushDue(next, e.cfg.HistoryBatch)
 }

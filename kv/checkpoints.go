@@ -79,12 +79,25 @@ func DecodeCheckpoint(job string, data []byte) (*schemas.Checkpoint, error) {
 // Encode returns cp's stored form, or schemas.ErrTooLarge naming the job
 // and both sizes.
 func (c *Checkpoints) Encode(cp *schemas.Checkpoint) ([]byte, error) {
-	data := cp.AppendJSON(make([]byte, 0, 512+len(cp.State)))
+	data := cp.AppendJSON(make([]byte, 0, EncodedSizeHint(cp)))
 	if len(data) > c.maxBytes {
 		return nil, (&schemas.Error{Code: schemas.CodeTooLarge, Job: cp.JobID,
 			Message: fmt.Sprintf("checkpoint is %d bytes; the bucket's limit is %d", len(data), c.maxBytes)})
 	}
 	return data, nil
+}
+
+// EncodedSizeHint estimates the bytes of cp's encoding, in excess rather
+// than short, so that encoding it allocates once.
+func EncodedSizeHint(cp *schemas.Checkpoint) int {
+	n := 768 + len(cp.State) + 320*len(cp.Events) + 128*len(cp.Steps) + 64*len(cp.Vars) + 64*len(cp.EffectKeys)
+	for _, ev := range cp.Events {
+		n += len(ev.Data.Input)
+	}
+	if cp.Error != nil {
+		n += len(cp.Error.Message)
+	}
+	return n
 }
 
 // Create stores cp for a new job and returns its revision. A job whose

@@ -5,12 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,6 +41,13 @@ type ScaleConfig struct {
 	// Settle is how long the jobs are held before memory is read, so that
 	// reconcile passes over them count. Default 3s.
 	Settle time.Duration `json:"settle_ns"`
+	// Finished is how many finished jobs are stored (checkpoint and job
+	// index entry, written directly) before anything runs: what an engine
+	// must not pay for. Default 0.
+	Finished int `json:"finished"`
+	// Idle is how long the idle engine's CPU is measured, with only the
+	// finished jobs stored. Default 10s (with Finished > 0).
+	Idle time.Duration `json:"idle_ns"`
 	Dir    string        `json:"-"` // server files; default a temporary directory
 	Logger *slog.Logger  `json:"-"`
 }
@@ -62,6 +71,14 @@ type ScaleResult struct {
 	RestartJobs     int     `json:"restart_jobs"`
 	FirstProgressMs float64 `json:"first_progress_ms"`
 	DrainMs         float64 `json:"drain_ms"`
+	// With Finished jobs stored and none running: the engine process's CPU
+	// over Idle, in percent of one core; and the p50 (over 20 tries) of
+	// listing running jobs through the client (what engine list --status
+	// running does) and of the first page of GET /v1/jobs.
+	FinishedJobs     int     `json:"finished_jobs"`
+	IdleCPUPercent   float64 `json:"idle_cpu_percent"`
+	ListRunningP50Ms float64 `json:"list_running_p50_ms"`
+	FirstPageP50Ms   float64 `json:"first_page_p50_ms"`
 }
 
 const scaleWorkflow = `name: scale
@@ -140,12 +157,21 @@ func RunScale(ctx context.Context, cfg ScaleConfig) (*ScaleResult, error) {
 	}
 	cl := client.New(store)
 	res := &ScaleResult{Config: cfg}
+	if err := storeFinished(ctx, store, def, cfg.Finished); err != nil {
+		return nil, err
+	}
+	res.FinishedJobs = cfg.Finished
 
 	eng, err := startEngineProcess(ctx, cfg.Binary, srv.ClientURL())
 	if err != nil {
 		return nil, err
 	}
 	defer eng.kill()
+	if cfg.Finished > 0 {
+		if err := measureIdle(ctx, cfg, eng, cl, res); err != nil {
+			return nil, err
+		}
+	}
 
 	started := 0
 	for _, n := range cfg.Jobs {
@@ -233,6 +259,132 @@ func RunScale(ctx context.Context, cfg ScaleConfig) (*ScaleResult, error) {
 	}
 	res.DrainMs = float64(time.Since(began).Microseconds()) / 1000
 	return res, nil
+}
+
+// storeFinished writes n finished jobs of def: a completed checkpoint and
+// its ended index entry each, as an engine leaves them, from 64 goroutines.
+func storeFinished(ctx context.Context, store *kv.Store, def *schemas.Definition, n int) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	now := time.Now().UTC()
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(n) {
+					return
+				}
+				req := &schemas.StartRequest{JobID: "done-" + strconv.FormatInt(i, 10)}
+				cp := schemas.NewPendingCheckpoint(def, req, []byte(`{}`), "bench", now)
+				cp.Status, cp.Seq = schemas.JobCompleted, 4
+				cp.Completed = "0-1"
+				done := now
+				cp.CompletedAt = &done
+				if _, err := store.Checkpoints.Create(ctx, cp); err != nil {
+					errs <- err
+					return
+				}
+				if err := store.Jobs.End(ctx, cp, 0); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// measureIdle measures the engine process with only finished jobs stored:
+// its CPU over cfg.Idle after a settling pass, and the latency of the two
+// listings people start with.
+func measureIdle(ctx context.Context, cfg ScaleConfig, eng *engineProcess, cl *client.Client, res *ScaleResult) error {
+	idle := cfg.Idle
+	if idle <= 0 {
+		idle = 10 * time.Second
+	}
+	select {
+	case <-time.After(cfg.Settle):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	pid := eng.cmd.Process.Pid
+	before, err := procCPU(pid)
+	if err != nil {
+		return err
+	}
+	began := time.Now()
+	select {
+	case <-time.After(idle):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	after, err := procCPU(pid)
+	if err != nil {
+		return err
+	}
+	res.IdleCPUPercent = 100 * (after - before).Seconds() / time.Since(began).Seconds()
+	p50 := func(f func() error) (float64, error) {
+		var ms []float64
+		for range 20 {
+			t0 := time.Now()
+			if err := f(); err != nil {
+				return 0, err
+			}
+			ms = append(ms, float64(time.Since(t0).Microseconds())/1000)
+		}
+		slices.Sort(ms)
+		return ms[len(ms)/2], nil
+	}
+	if res.ListRunningP50Ms, err = p50(func() error {
+		_, err := cl.List(ctx, client.ListFilter{Status: schemas.JobRunning})
+		return err
+	}); err != nil {
+		return err
+	}
+	res.FirstPageP50Ms, err = p50(func() error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+eng.http+"/v1/jobs", nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			return err
+		}
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET /v1/jobs: %s", resp.Status)
+		}
+		return nil
+	})
+	return err
+}
+
+// procCPU is the user and system CPU time the process has used.
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// The command name may hold spaces: fields count from its closing ')'.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: too few fields", pid)
+	}
+	ut, err1 := strconv.ParseUint(f[11], 10, 64)
+	st, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: utime %q stime %q", pid, f[11], f[12])
+	}
+	const hz = 100 // USER_HZ on Linux
+	return time.Duration(ut+st) * time.Second / hz, nil
 }
 
 // startScaleJobs starts jobs scale-<from>..scale-<to-1> from 32 goroutines.

@@ -22,7 +22,7 @@ func newBenchCmd(g *globals) *cobra.Command {
 	var c bench.Config
 	var output string
 	var noFloor, floorOnly bool
-	var cpuProfile string
+	var cpuProfile, memProfile string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure steps/s, step latency, CPU and JetStream work per step against the bare JetStream floor",
@@ -60,6 +60,16 @@ It prints both and their ratios; medians over --rounds.`,
 			if err != nil {
 				return err
 			}
+			if memProfile != "" {
+				f, err := os.Create(memProfile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+					return err
+				}
+			}
 			if output == "json" {
 				return printJSON(g.stdout, res)
 			}
@@ -83,6 +93,7 @@ It prints both and their ratios; medians over --rounds.`,
 	f.BoolVar(&floorOnly, "floor-only", false, "measure only the floor")
 	f.StringVarP(&output, "output", "o", "text", "text or json")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile (pprof) of the whole run to this file")
+	f.StringVar(&memProfile, "memprofile", "", "write an allocation profile (pprof allocs) of the whole run to this file")
 	cmd.AddCommand(newBenchScaleCmd(g))
 	return cmd
 }
@@ -91,6 +102,7 @@ func newBenchScaleCmd(g *globals) *cobra.Command {
 	var jobs []int
 	var output string
 	var settle time.Duration
+	var finished int
 	cmd := &cobra.Command{
 		Use:   "scale [--jobs 100,10000]",
 		Short: "Measure the engine's memory with many jobs in flight, and its first progress after a kill",
@@ -117,12 +129,19 @@ checkpoint, and when the last job completed. Linux only.`,
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
-			res, err := bench.RunScale(cmd.Context(), bench.ScaleConfig{Jobs: jobs, Settle: settle, Logger: log})
+			if finished < 0 {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--finished %d: want 0 or more", finished)}
+			}
+			res, err := bench.RunScale(cmd.Context(), bench.ScaleConfig{Jobs: jobs, Settle: settle, Finished: finished, Logger: log})
 			if err != nil {
 				return err
 			}
 			if output == "json" {
 				return printJSON(g.stdout, res)
+			}
+			if res.FinishedJobs > 0 {
+				fmt.Fprintf(g.stdout, "%d finished jobs stored, none running: idle engine CPU %.2f%% of a core; list --status running p50 %.1f ms; first page of GET /v1/jobs p50 %.1f ms\n\n",
+					res.FinishedJobs, res.IdleCPUPercent, res.ListRunningP50Ms, res.FirstPageP50Ms)
 			}
 			tw := tabwriter.NewWriter(g.stdout, 2, 4, 2, ' ', tabwriter.AlignRight)
 			fmt.Fprintln(tw, "jobs in flight	engine RSS MiB	engine heap in use MiB	")
@@ -138,6 +157,7 @@ checkpoint, and when the last job completed. Linux only.`,
 	cmd.Flags().IntSliceVar(&jobs, "jobs", []int{100, 10000}, "jobs in flight at which memory is read, ascending")
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
 	cmd.Flags().DurationVar(&settle, "settle", 3*time.Second, "how long jobs are held before memory is read")
+	cmd.Flags().IntVar(&finished, "finished", 0, "finished jobs stored first (checkpoints and index entries): then the idle engine's CPU and the list latencies are measured")
 	return cmd
 }
 
