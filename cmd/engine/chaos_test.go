@@ -9,6 +9,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -889,5 +890,18 @@ func TestRedeliveredLastResultLeavesCompletedJobAlone(t *testing.T) {
 		if n := count.count(p); n != 1 {
 			t.Errorf("%s called %d times, want exactly once", p, n)
 		}
+	}
+	// The engine died between the terminal checkpoint and what follows it:
+	// the next one (on the redelivered result, or its reconciler) published
+	// the final history and moved the job's index entry to ended.
+	if !slices.ContainsFunc(chaosDistinct(events["last"]), func(e chaosEvent) bool { return e.typ == schemas.EventJobCompleted }) {
+		t.Errorf("the final history (job.completed) was never published: %s", story)
+	}
+	testsupport.Eventually(t, 20*time.Second, func() bool {
+		_, err := store.Jobs.Get(ctx, kv.EndedKey(schemas.JobCompleted, after.Checkpoint.Workflow, "last"))
+		return err == nil
+	}, "the job's index entry never moved to ended")
+	if _, err := store.Jobs.Get(ctx, kv.ActiveKey(after.Checkpoint.Workflow, "last")); !errors.Is(err, schemas.ErrNotFound) {
+		t.Errorf("the finished job is still indexed as active: %v", err)
 	}
 }

@@ -29,7 +29,13 @@ status, the resume count, the steps run again, the effect ledger by state and,
 for steps that call the bundled test providers (payments, records, mail,
 tickets), the calls and effects each idempotency key received.
 
-Failpoints: ` + strings.Join(failpoint.Known, ", ") + `.`,
+Failpoints: ` + strings.Join(failpoint.Known, ", ") + `.
+
+Besides the crashes, two outcome cases per step: ` + crashtest.SlowProvider + ` (the step's
+bundled provider answers every call 3 s late, past the step's timeout, cut to
+1 s with 2 attempts for the case) and ` + crashtest.DeadLetter + ` (the worker dies after
+every call of the step, until the step message is a dead letter, with
+WAYMARK_WORK_MAX_DELIVER=3).`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkOutput(output); err != nil {
@@ -75,7 +81,7 @@ Failpoints: ` + strings.Join(failpoint.Known, ", ") + `.`,
 	}
 	f := cmd.Flags()
 	f.StringVarP(&input, "input", "i", "", "job input: a JSON file")
-	f.StringVar(&points, "points", "all", "failpoints to crash at: all, or a comma-separated list")
+	f.StringVar(&points, "points", "all", "failpoints to crash at and outcome cases (slow-provider, dead-letter): all, or a comma-separated list")
 	f.StringVar(&stepList, "steps", "", "steps to crash in, comma-separated (default: every step)")
 	f.IntVar(&parallel, "parallel", 2, "cases run at once")
 	f.DurationVar(&timeout, "timeout", 90*time.Second, "time allowed for one case")
@@ -101,7 +107,10 @@ func printCrashReport(w interface{ Write([]byte) (int, error) }, rep *crashtest.
 	fmt.Fprintln(tw, "FAILPOINT\tSTEP (CLASS)\tCRASHED\tFINAL STATUS\tRESUMES\tRE-DISPATCHED\tCALLS/KEY\tEFFECTS/KEY\tLEDGER")
 	for _, p := range rep.Points {
 		crashed := "yes"
-		if !p.Reached {
+		switch {
+		case p.Failpoint == crashtest.SlowProvider:
+			crashed = "-" // nothing crashes: the provider is late
+		case !p.Reached:
 			crashed = "not reached"
 		}
 		status := p.FinalStatus

@@ -47,7 +47,8 @@ type Config struct {
 	Binary string
 	// Workflow and Input are the files to run. Required.
 	Workflow, Input string
-	// Points are the failpoints to crash at; empty means every one.
+	// Points are the failpoints to crash at, and the outcome cases
+	// (SlowProvider, DeadLetter); empty means every one.
 	Points []string
 	// Steps are the steps to crash in; empty means every step.
 	Steps []string
@@ -84,6 +85,22 @@ type Point struct {
 	Error            string         `json:"error,omitempty"`
 	Seconds          float64        `json:"seconds"`
 }
+
+// Outcome cases: not a crash at a failpoint, but an outcome a provider or
+// a pool can leave a step with, run for each step like the failpoints.
+const (
+	// SlowProvider: the step's provider answers every call that performs
+	// its effect 3 s late, past the step's timeout (cut to 1 s for the
+	// case, with 2 attempts), so no attempt ever hears the outcome.
+	SlowProvider = "slow-provider"
+	// DeadLetter: the worker dies right after every call of the step
+	// (worker.after_remote_commit), so the step message reaches the pool's
+	// last delivery (3 for the case) and becomes a dead letter.
+	DeadLetter = "dead-letter"
+)
+
+// Cases lists every case: the failpoints, then the outcome cases.
+func Cases() []string { return append(append([]string(nil), failpoint.Known...), SlowProvider, DeadLetter) }
 
 // Report is every case's outcome, in failpoint then step order.
 type Report struct {
@@ -129,11 +146,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	points := cfg.Points
 	if len(points) == 0 {
-		points = failpoint.Known
+		points = Cases()
 	}
 	for _, p := range points {
 		if !known(p) {
-			return nil, fmt.Errorf("crashtest: unknown failpoint %q; known: %s", p, strings.Join(failpoint.Known, ", "))
+			return nil, fmt.Errorf("crashtest: unknown failpoint or case %q; known: %s", p, strings.Join(Cases(), ", "))
 		}
 	}
 	stepIDs := cfg.Steps
@@ -183,7 +200,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 }
 
 func known(p string) bool {
-	for _, k := range failpoint.Known {
+	for _, k := range Cases() {
 		if k == p {
 			return true
 		}
@@ -203,6 +220,22 @@ var caseEnv = []string{
 var caseKV = kv.Config{InboxAckWait: time.Second, WorkAckWait: time.Second}
 
 func runCase(ctx context.Context, cfg Config, def *schemas.Definition, input json.RawMessage, dir string, c *Point) error {
+	env := caseEnv
+	var delayed string // the bundled provider that answers late
+	switch c.Failpoint {
+	case SlowProvider:
+		var err error
+		if def, err = withShortTimeout(def, c.Step); err != nil {
+			return err
+		}
+		for _, name := range demo.Names() {
+			if stepRefersTo(def.Step(c.Step), name) {
+				delayed = name
+			}
+		}
+	case DeadLetter:
+		env = append(append([]string(nil), caseEnv...), "WAYMARK_WORK_MAX_DELIVER=3")
+	}
 	srv, err := natsserver.Start(natsserver.Config{DataDir: filepath.Join(dir, "nats"), Listen: "127.0.0.1:0", Sync: natsserver.SyncInterval})
 	if err != nil {
 		return err
@@ -223,7 +256,11 @@ func runCase(ctx context.Context, cfg Config, def *schemas.Definition, input jso
 		if _, given := services[name]; given || !refersTo(def, name) {
 			continue
 		}
-		r, err := demo.Start(context.WithoutCancel(ctx), name, demo.Options{Dir: filepath.Join(dir, "demo", name)})
+		opts := demo.Options{Dir: filepath.Join(dir, "demo", name)}
+		if name == delayed {
+			opts.Delay = 3 * time.Second
+		}
+		r, err := demo.Start(context.WithoutCancel(ctx), name, opts)
 		if err != nil {
 			return err
 		}
@@ -248,19 +285,55 @@ func runCase(ctx context.Context, cfg Config, def *schemas.Definition, input jso
 	engineArgs := []string{"serve", "--nats-url=" + url, "--http=", "--workers=0"}
 	workerArgs := append([]string{"worker", "--nats-url=" + url}, serviceArgs...)
 	crashEngine := strings.HasPrefix(c.Failpoint, "engine.")
-	eng := spawn(cfg.Binary, engineArgs, pick(crashEngine, fp))
-	wrk := spawn(cfg.Binary, workerArgs, pick(!crashEngine, fp))
+	switch c.Failpoint {
+	case SlowProvider:
+		fp = ""
+	case DeadLetter:
+		fp = failpoint.WorkerAfterRemoteCommit + "=crash/" + c.Step // every delivery
+	}
+	eng := spawn(cfg.Binary, engineArgs, pick(crashEngine, fp), env)
+	wrk := spawn(cfg.Binary, workerArgs, pick(!crashEngine, fp), env)
 	defer eng.kill()
-	defer wrk.kill()
-	victim, restart := wrk, func() *proc { return spawn(cfg.Binary, workerArgs, "") }
+	defer func() { wrk.kill() }()
+	victim, restart := wrk, func() *proc { return spawn(cfg.Binary, workerArgs, "", env) }
 	if crashEngine {
-		victim, restart = eng, func() *proc { return spawn(cfg.Binary, engineArgs, "") }
+		victim, restart = eng, func() *proc { return spawn(cfg.Binary, engineArgs, "", env) }
 	}
 
 	cl := client.New(store)
 	const job = "crashtest"
 	if _, err := cl.Start(ctx, def, input, client.StartOptions{JobID: job}); err != nil {
 		return err
+	}
+	switch c.Failpoint {
+	case SlowProvider:
+		c.Reached = true
+		return follow(ctx, cl, store, running, job, c)
+	case DeadLetter:
+		// The worker dies after each call; start it again, with the
+		// failpoint, until the job stops.
+		wctx, cancelWait := context.WithCancel(ctx)
+		defer cancelWait()
+		stopped := make(chan struct{})
+		go func() {
+			_, _ = cl.Wait(wctx, job, nil)
+			close(stopped)
+		}()
+		for {
+			select {
+			case <-wrk.done:
+				if wrk.killed() {
+					c.Reached = true
+				}
+				wrk = spawn(cfg.Binary, workerArgs, fp, env)
+				continue
+			case <-stopped:
+			case <-ctx.Done():
+				return fmt.Errorf("waiting for the dead letter: %w", ctx.Err())
+			}
+			break
+		}
+		return follow(ctx, cl, store, running, job, c)
 	}
 	// Either the victim dies at its point, or the job stops without it.
 	stopped := make(chan *client.JobView, 1)
@@ -299,12 +372,22 @@ func runCase(ctx context.Context, cfg Config, def *schemas.Definition, input jso
 	if view == nil {
 		return fmt.Errorf("the job did not stop within the case's time: %w", ctx.Err())
 	}
-	// Let the restarted process finish what the crash left (a result or
-	// start delivered again), then read the job as it settled.
+	return follow(ctx, cl, store, running, job, c)
+}
+
+// follow reads the outcome of a case whose job stopped: once the
+// processes have finished what the crash left (a result or start
+// delivered again), the job as it settled, its ledger, the providers'
+// counters and the history.
+func follow(ctx context.Context, cl *client.Client, store *kv.Store, running []*demo.Running, job string, c *Point) error {
+	if _, err := cl.Wait(ctx, job, nil); err != nil {
+		return fmt.Errorf("the job did not stop within the case's time: %w", err)
+	}
 	if err := drained(ctx, store); err != nil {
 		return err
 	}
-	if view, err = cl.Job(ctx, job); err != nil {
+	view, err := cl.Job(ctx, job)
+	if err != nil {
 		return err
 	}
 	c.FinalStatus = string(view.Status)
@@ -389,13 +472,41 @@ func pick(ok bool, s string) string {
 
 // refersTo reports whether def's steps name service name in a template.
 func refersTo(def *schemas.Definition, name string) bool {
-	for _, s := range def.Steps {
-		w := string(s.With)
-		if strings.Contains(w, `service \"`+name+`\"`) || strings.Contains(w, `service "`+name+`"`) {
+	for i := range def.Steps {
+		if stepRefersTo(&def.Steps[i], name) {
 			return true
 		}
 	}
 	return false
+}
+
+// stepRefersTo reports whether step s names service name in a template.
+func stepRefersTo(s *schemas.Step, name string) bool {
+	w := string(s.With)
+	return strings.Contains(w, `service \"`+name+`\"`) || strings.Contains(w, `service "`+name+`"`)
+}
+
+// withShortTimeout returns def with step's timeout cut to 1s and its
+// retries to 2 attempts (100 ms apart), for the slow-provider case: the
+// definition is loaded again, so it is a definition of its own (its own
+// hash).
+func withShortTimeout(def *schemas.Definition, step string) (*schemas.Definition, error) {
+	var doc map[string]any
+	if err := json.Unmarshal(def.Canonical(), &doc); err != nil {
+		return nil, fmt.Errorf("crashtest: %w", err)
+	}
+	steps, _ := doc["steps"].([]any)
+	for _, s := range steps {
+		if m, ok := s.(map[string]any); ok && m["id"] == step {
+			m["timeout"] = "1s"
+			m["retry"] = map[string]any{"max_attempts": 2, "backoff": map[string]any{"initial": "100ms", "max": "100ms"}}
+		}
+	}
+	data, err := json.Marshal(doc)
+	if err != nil {
+		return nil, fmt.Errorf("crashtest: %w", err)
+	}
+	return schemas.Parse(def.Name+" (slow-provider).json", data, schemas.LoadOptions{NoAssetFiles: true})
 }
 
 // proc is a child process.
@@ -423,9 +534,9 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-func spawn(bin string, args []string, failpoints string) *proc {
+func spawn(bin string, args []string, failpoints string, env []string) *proc {
 	p := &proc{cmd: exec.Command(bin, args...), stderr: &lockedBuffer{}, done: make(chan struct{})}
-	p.cmd.Env = append(os.Environ(), caseEnv...)
+	p.cmd.Env = append(os.Environ(), env...)
 	if failpoints != "" {
 		p.cmd.Env = append(p.cmd.Env, failpoint.EnvVar+"="+failpoints)
 	}
@@ -459,7 +570,7 @@ func (p *proc) kill() {
 // step order in the workflow.
 func (r *Report) Sorted(def *schemas.Definition) []Point {
 	order := map[string]int{}
-	for i, k := range failpoint.Known {
+	for i, k := range Cases() {
 		order[k] = i
 	}
 	out := append([]Point(nil), r.Points...)
