@@ -47,7 +47,7 @@ type ScaleConfig struct {
 	Finished int `json:"finished"`
 	// Idle is how long the idle engine's CPU is measured, with only the
 	// finished jobs stored. Default 10s (with Finished > 0).
-	Idle time.Duration `json:"idle_ns"`
+	Idle   time.Duration `json:"idle_ns"`
 	Dir    string        `json:"-"` // server files; default a temporary directory
 	Logger *slog.Logger  `json:"-"`
 }

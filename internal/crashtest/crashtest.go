@@ -100,7 +100,9 @@ const (
 )
 
 // Cases lists every case: the failpoints, then the outcome cases.
-func Cases() []string { return append(append([]string(nil), failpoint.Known...), SlowProvider, DeadLetter) }
+func Cases() []string {
+	return append(append([]string(nil), failpoint.Known...), SlowProvider, DeadLetter)
+}
 
 // Report is every case's outcome, in failpoint then step order.
 type Report struct {
