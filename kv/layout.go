@@ -269,6 +269,9 @@ type Store struct {
 	History     *History // the history stream
 	Queues      *Queues  // facts about the work and inbox queues
 	log         *slog.Logger
+	// backfill: the job index was made by this Open, over a deployment
+	// that may already hold checkpoints (an upgrade from layout 1).
+	backfill bool
 
 	// testEpochHook, when set (tests), runs at each stage of MarkQueues.
 	testEpochHook func(stage string)
@@ -301,6 +304,11 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config, log *slog.Log
 	}
 	s.History = &History{stream: hist, js: js, names: s.Names}
 	s.Queues = &Queues{js: js, names: s.Names}
+	if s.backfill {
+		if err := s.indexExisting(ctx); err != nil {
+			return nil, err
+		}
+	}
 	if err := s.tuneWorkConsumers(ctx); err != nil {
 		return nil, err
 	}
@@ -407,6 +415,8 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 			MaxMsgSize:        c.MaxMessageBytes,
 		},
 	}
+	_, err = s.JS.KeyValue(ctx, n.JobsBucket)
+	s.backfill = errors.Is(err, jetstream.ErrBucketNotFound)
 	jobs, err := s.ensureBucket(ctx, jetstream.KeyValueConfig{
 		Bucket:       n.JobsBucket,
 		Description:  "Waymark job index: active.<workflow>.<job> while a job may still change, ended.<status>.<workflow>.<job> once it finished; listings and the reconciler read it instead of every checkpoint",
@@ -891,6 +901,41 @@ func (s *Store) tuneWorkConsumers(ctx context.Context) error {
 		if _, err := s.EnsureWorkConsumer(ctx, pool); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// indexExisting gives every checkpoint stored before the job index existed
+// its index entry (an upgrade from layout 1): active for a job that can
+// still change, ended for a finished one. It reads every checkpoint once;
+// entries that exist already are left as they are, so it may run again.
+func (s *Store) indexExisting(ctx context.Context) error {
+	n := 0
+	var firstErr error
+	err := s.Checkpoints.List(ctx, func(job string, e Entry, err error) bool {
+		if err != nil {
+			return true // quarantined: a person sees to it
+		}
+		cp := e.Checkpoint
+		if cp.Status.Terminal() {
+			err = s.Jobs.End(ctx, cp, 0)
+		} else if _, err = s.Jobs.CreateActive(ctx, cp); errors.Is(err, schemas.ErrConflict) {
+			err = nil
+		}
+		if err != nil && firstErr == nil {
+			firstErr = fmt.Errorf("index job %s: %w", job, err)
+		}
+		n++
+		return true
+	})
+	if err == nil {
+		err = firstErr
+	}
+	if err != nil {
+		return fmt.Errorf("build the job index from the checkpoints: %w", err)
+	}
+	if n > 0 {
+		s.log.Info("built the job index from the checkpoints stored before it existed", "jobs", n)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/waymark-dev/waymark/internal/testsupport"
 	"github.com/waymark-dev/waymark/kv"
+	"github.com/waymark-dev/waymark/schemas"
 )
 
 // TestOpenMigratesLayout1: a deployment made by layout 1 (one work subject
@@ -33,6 +34,22 @@ func TestOpenMigratesLayout1(t *testing.T) {
 	}
 	if _, err := js.Publish(c, "waymark.work.default", []byte("a step of layout 1")); err != nil {
 		t.Fatal(err)
+	}
+	// Two jobs of layout 1, one running and one completed, with no index.
+	cps, err := js.CreateKeyValue(c, jetstream.KeyValueConfig{Bucket: "waymark_checkpoints", History: 1, Metadata: meta})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	for _, cp := range []*schemas.Checkpoint{
+		{Schema: schemas.CheckpointSchema, JobID: "old-running", Workflow: "w", Version: 1, DefinitionHash: "h", Seq: 3, Status: schemas.JobRunning,
+			State: []byte(`{}`), CreatedAt: now, UpdatedAt: now},
+		{Schema: schemas.CheckpointSchema, JobID: "old-done", Workflow: "w", Version: 1, DefinitionHash: "h", Seq: 5, Status: schemas.JobCompleted,
+			State: []byte(`{}`), CreatedAt: now, UpdatedAt: now, CompletedAt: &now},
+	} {
+		if _, err := cps.Put(c, cp.JobID, cp.AppendJSON(nil)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := js.Publish(c, "waymark.history.j1", []byte("[]")); err != nil {
 		t.Fatal(err)
@@ -59,6 +76,13 @@ func TestOpenMigratesLayout1(t *testing.T) {
 	hs, _ := js.Stream(c, "WAYMARK_HISTORY")
 	if info, err := hs.Info(c); err != nil || info.State.Msgs != 1 {
 		t.Errorf("history stream lost its messages: %+v %v", info, err)
+	}
+	// The jobs stored before the index existed are in it now.
+	if _, err := st.Jobs.Get(c, kv.ActiveKey("w", "old-running")); err != nil {
+		t.Errorf("the running job of layout 1 is not indexed as active: %v", err)
+	}
+	if _, err := st.Jobs.Get(c, kv.EndedKey(schemas.JobCompleted, "w", "old-done")); err != nil {
+		t.Errorf("the finished job of layout 1 is not indexed as ended: %v", err)
 	}
 	// A second Open changes nothing more.
 	if _, err := kv.Open(c, js, kv.Config{}, nil); err != nil {
