@@ -26,15 +26,7 @@ func IdempotencyKey(job, step string, run int) string {
 // and it is stored (in the ledger, the checkpoint and the history).
 func effectKeyFuncs() template.FuncMap {
 	return template.FuncMap{
-		"json": func(v any) (string, error) {
-			var b bytes.Buffer
-			enc := json.NewEncoder(&b)
-			enc.SetEscapeHTML(false)
-			if err := enc.Encode(v); err != nil {
-				return "", err
-			}
-			return strings.TrimRight(b.String(), "\n"), nil
-		},
+		"json":  TemplateJSON,
 		"lower": strings.ToLower,
 		"upper": strings.ToUpper,
 		"trim":  strings.TrimSpace,
@@ -101,4 +93,17 @@ func checkEffectKeys(d *Definition) []Problem {
 		}
 	}
 	return ps
+}
+
+// TemplateJSON is the json function of step and key templates: v as
+// compact JSON without HTML escaping and without a trailing newline.
+// It returns the encoder's error for a value JSON cannot hold.
+func TemplateJSON(v any) (string, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return "", err
+	}
+	return strings.TrimRight(b.String(), "\n"), nil
 }

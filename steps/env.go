@@ -1,7 +1,6 @@
 package steps
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -10,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"text/template"
+
+	"github.com/waymark-dev/waymark/schemas"
 )
 
 // Model modes: how a model step picks between a live provider and its
@@ -136,15 +137,7 @@ var untrustedTagRE = regexp.MustCompile(`(?i)<(/?)\s*untrusted-data\s*>`)
 // call (stepTemplate.execute); this one only refuses.
 func templateFuncs(env *Env) template.FuncMap {
 	return template.FuncMap{
-		"json": func(v any) (string, error) {
-			var b bytes.Buffer
-			enc := json.NewEncoder(&b)
-			enc.SetEscapeHTML(false)
-			if err := enc.Encode(v); err != nil {
-				return "", err
-			}
-			return strings.TrimRight(b.String(), "\n"), nil
-		},
+		"json": schemas.TemplateJSON,
 		"untrusted": func(v any) string {
 			s, ok := v.(string)
 			if !ok {
