@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -278,14 +277,7 @@ func containsString(xs []string, s string) bool {
 // signalResolved tells job that the effect under key was settled: the
 // signal engine effects resolve sends, here sent by the engine itself.
 func (e *Engine) signalResolved(ctx context.Context, job, key string, rev uint64, by string) error {
-	sig, err := json.Marshal(schemas.Signal{Job: job, Type: schemas.SignalEffectResolved, Key: key, By: by})
-	if err != nil {
-		return err
-	}
-	m := nats.NewMsg(e.store.Names.InboxSubject(kv.InboxSignal, job))
-	m.Data = sig
-	m.Header.Set(jetstream.MsgIDHeader, job+"/resolve/"+strconv.FormatUint(rev, 10))
-	if _, err := e.store.JS.PublishMsg(ctx, m); err != nil {
+	if err := e.store.SignalResolved(ctx, job, key, rev, by); err != nil {
 		return fmt.Errorf("tell job %s that effect %s is settled: %w", job, key, err)
 	}
 	return nil
@@ -293,13 +285,9 @@ func (e *Engine) signalResolved(ctx context.Context, job, key string, rev uint64
 
 // effectEvent appends a ledger transition to the job's history.
 func (e *Engine) effectEvent(ctx context.Context, rec *schemas.EffectRecord, rev uint64, typ string) {
-	m := nats.NewMsg(e.store.Names.EffectHistorySubject(rec.Job))
-	m.Data = schemas.AppendEffectEvent(nil, schemas.HistorySourceEngine, typ, rec, rev, e.cfg.Now().UTC())
-	m.Header.Set(jetstream.MsgIDHeader, rec.Job+"/effect/"+strconv.FormatUint(rev, 10)+"/"+typ)
-	m.Header.Set("Content-Type", schemas.HistoryContentType)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := e.store.JS.PublishMsg(pctx, m); err != nil {
+	if err := e.store.AppendEffectEvent(pctx, rec.Job, schemas.HistorySourceEngine, typ, rec, rev, e.cfg.Now().UTC()); err != nil {
 		e.log.Warn("effect event not recorded in history", "key", rec.Key, "type", typ, "err", err)
 	}
 }

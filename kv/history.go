@@ -2,12 +2,14 @@ package kv
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/waymark-dev/waymark/schemas"
@@ -149,4 +151,34 @@ func (q *Queues) stream(ctx context.Context, name string) (jetstream.Stream, err
 	q.streams[name] = st
 	q.mu.Unlock()
 	return st, nil
+}
+
+// SignalResolved tells job, through its inbox, that the effect under key
+// was settled at ledger revision rev by by. The message id
+// <job>/resolve/<rev> makes a repeated call one signal (JetStream's
+// duplicate window). It returns the publish error.
+func (s *Store) SignalResolved(ctx context.Context, job, key string, rev uint64, by string) error {
+	sig, err := json.Marshal(schemas.Signal{Job: job, Type: schemas.SignalEffectResolved, Key: key, By: by})
+	if err != nil {
+		return err
+	}
+	m := nats.NewMsg(s.Names.InboxSubject(InboxSignal, job))
+	m.Data = sig
+	m.Header.Set(jetstream.MsgIDHeader, job+"/resolve/"+strconv.FormatUint(rev, 10))
+	_, err = s.JS.PublishMsg(ctx, m)
+	return err
+}
+
+// AppendEffectEvent appends the ledger transition typ of rec (ledger
+// revision rev) to the history of job, as a CloudEvent from source at now.
+// job is usually rec.Job; a shared key's resolution is told to each job
+// that waits on it. The message id <job>/effect/<rev>/<typ> makes a
+// repeat one event. It returns the publish error.
+func (s *Store) AppendEffectEvent(ctx context.Context, job, source, typ string, rec *schemas.EffectRecord, rev uint64, now time.Time) error {
+	m := nats.NewMsg(s.Names.EffectHistorySubject(job))
+	m.Data = schemas.AppendEffectEvent(nil, source, typ, rec, rev, now)
+	m.Header.Set(jetstream.MsgIDHeader, job+"/effect/"+strconv.FormatUint(rev, 10)+"/"+typ)
+	m.Header.Set("Content-Type", schemas.HistoryContentType)
+	_, err := s.JS.PublishMsg(ctx, m)
+	return err
 }

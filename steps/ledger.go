@@ -511,13 +511,9 @@ func digestOf(b []byte) string {
 // record itself is the source of truth; an event lost to a crash is a gap
 // in the narrative, not in the ledger.
 func (w *Worker) effectEvent(ctx context.Context, rec *schemas.EffectRecord, rev uint64, typ string) {
-	m := nats.NewMsg(w.store.Names.EffectHistorySubject(rec.Job))
-	m.Data = schemas.AppendEffectEvent(nil, "/waymark/worker", typ, rec, rev, time.Now().UTC())
-	m.Header.Set(jetstream.MsgIDHeader, rec.Job+"/effect/"+strconv.FormatUint(rev, 10)+"/"+typ)
-	m.Header.Set("Content-Type", "application/cloudevents-batch+json")
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := w.store.JS.PublishMsg(pctx, m); err != nil {
+	if err := w.store.AppendEffectEvent(pctx, rec.Job, "/waymark/worker", typ, rec, rev, time.Now().UTC()); err != nil {
 		w.log.Warn("effect event not recorded in history", "key", rec.Key, "type", typ, "err", err)
 	}
 }

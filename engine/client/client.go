@@ -721,18 +721,10 @@ func (c *Client) announceResolution(ctx context.Context, rec *schemas.EffectReco
 	for _, job := range jobs {
 		r := *rec
 		r.Job = job
-		ev := nats.NewMsg(c.store.Names.EffectHistorySubject(job))
-		ev.Data = schemas.AppendEffectEvent(nil, "/waymark/client", schemas.EventEffectReconciled, &r, rev, now)
-		ev.Header.Set(jetstream.MsgIDHeader, job+"/effect/"+strconv.FormatUint(rev, 10)+"/reconciled")
-		ev.Header.Set("Content-Type", schemas.HistoryContentType)
-		if _, err := c.store.JS.PublishMsg(ctx, ev); err != nil {
+		if err := c.store.AppendEffectEvent(ctx, job, "/waymark/client", schemas.EventEffectReconciled, &r, rev, now); err != nil {
 			return fmt.Errorf("resolve effect %s: recorded; appending it to the history of job %s failed, run the command again: %w", key, job, err)
 		}
-		sig, _ := json.Marshal(schemas.Signal{Job: job, Type: schemas.SignalEffectResolved, Key: key, By: rec.ReconciledBy})
-		m := nats.NewMsg(c.store.Names.InboxSubject(kv.InboxSignal, job))
-		m.Data = sig
-		m.Header.Set(jetstream.MsgIDHeader, job+"/resolve/"+strconv.FormatUint(rev, 10))
-		if _, err := c.store.JS.PublishMsg(ctx, m); err != nil {
+		if err := c.store.SignalResolved(ctx, job, key, rev, rec.ReconciledBy); err != nil {
 			return fmt.Errorf("resolve effect %s: recorded, but job %s was not told; run the command again: %w", key, job, err)
 		}
 	}
