@@ -248,17 +248,7 @@ func resilStore(t *testing.T, gate *resilGate, name string, cfg kv.Config) *kv.S
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	st, err := kv.Open(ctx, js, cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st
+	return testsupport.OpenStore(t, nc, cfg)
 }
 
 // resilRaceBundle is one lease-race case: a server, the test's store and client,

@@ -249,17 +249,7 @@ func (c *Cluster) Conn(t testing.TB) *nats.Conn {
 // cfg.Replicas for replicated streams and buckets).
 func (c *Cluster) Store(t testing.TB, cfg kv.Config) *kv.Store {
 	t.Helper()
-	js, err := jetstream.New(c.Conn(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	st, err := kv.Open(ctx, js, cfg, nil)
-	if err != nil {
-		t.Fatalf("open store on cluster %s: %v", c.Name, err)
-	}
-	return st
+	return OpenStore(t, c.Conn(t), cfg)
 }
 
 // StreamLeader returns the node that leads stream (as its stream info's

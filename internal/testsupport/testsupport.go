@@ -103,7 +103,13 @@ func (s *Server) Conn(t testing.TB) *nats.Conn {
 // Store opens the Waymark layout on a new connection.
 func (s *Server) Store(t testing.TB, cfg kv.Config) *kv.Store {
 	t.Helper()
-	js, err := jetstream.New(s.Conn(t))
+	return OpenStore(t, s.Conn(t), cfg)
+}
+
+// OpenStore opens the Waymark layout over nc, failing t on error.
+func OpenStore(t testing.TB, nc *nats.Conn, cfg kv.Config) *kv.Store {
+	t.Helper()
+	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +117,7 @@ func (s *Server) Store(t testing.TB, cfg kv.Config) *kv.Store {
 	defer cancel()
 	st, err := kv.Open(ctx, js, cfg, nil)
 	if err != nil {
-		t.Fatalf("open store: %v", err)
+		t.Fatalf("open store on %s: %v", nc.ConnectedUrlRedacted(), err)
 	}
 	return st
 }
