@@ -420,13 +420,7 @@ func TestChaosEnginesAndWorkers(t *testing.T) {
 		}
 		jobs = n
 	}
-	seed := time.Now().UnixNano()
-	if s := os.Getenv("WAYMARK_CHAOS_SEED"); s != "" {
-		var err error
-		if seed, err = strconv.ParseInt(s, 10, 64); err != nil {
-			t.Fatalf("WAYMARK_CHAOS_SEED=%q: %v", s, err)
-		}
-	}
+	seed := seedFromEnv(t, "WAYMARK_CHAOS_SEED")
 	rng := rand.New(rand.NewPCG(uint64(seed), 0xc4a05))
 	t.Logf("chaos: %d jobs, 3 engines, 4 workers, up to %d kills in %v, seed %d (WAYMARK_CHAOS_SEED=%d replays the kill schedule)", jobs, maxKills, killFor, seed, seed)
 	began := time.Now()
@@ -435,17 +429,9 @@ func TestChaosEnginesAndWorkers(t *testing.T) {
 	store := srv.Store(t, chaosKV)
 	cl := client.New(store)
 	dir := t.TempDir()
-	services := map[string]*demo.Running{}
-	for _, name := range []string{demo.NamePayments, demo.NameRecords} {
-		// A delay between the effect and its answer leaves kills a window
-		// in which a worker dies with the effect performed and unrecorded.
-		r, err := demo.Start(context.Background(), name, demo.Options{Dir: filepath.Join(dir, name), Delay: 100 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = r.Close() })
-		services[name] = r
-	}
+	// A delay between the effect and its answer leaves kills a window in
+	// which a worker dies with the effect performed and unrecorded.
+	services := startDemos(t, dir, 100*time.Millisecond)
 	natsURL := "--nats-url=" + srv.URL()
 	var procs []*chaosProc
 	for i := range 3 {
@@ -904,4 +890,35 @@ func TestRedeliveredLastResultLeavesCompletedJobAlone(t *testing.T) {
 	if _, err := store.Jobs.Get(ctx, kv.ActiveKey(after.Checkpoint.Workflow, "last")); !errors.Is(err, schemas.ErrNotFound) {
 		t.Errorf("the finished job is still indexed as active: %v", err)
 	}
+}
+
+// seedFromEnv returns the kill schedule's seed: the value of the
+// environment variable name when set (a replay), else the clock.
+func seedFromEnv(t *testing.T, name string) int64 {
+	t.Helper()
+	s := os.Getenv(name)
+	if s == "" {
+		return time.Now().UnixNano()
+	}
+	seed, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		t.Fatalf("%s=%q: %v", name, s, err)
+	}
+	return seed
+}
+
+// startDemos starts the payments and records demo services under dir,
+// each answering delay after performing its effect; they stop when t ends.
+func startDemos(t *testing.T, dir string, delay time.Duration) map[string]*demo.Running {
+	t.Helper()
+	services := map[string]*demo.Running{}
+	for _, name := range []string{demo.NamePayments, demo.NameRecords} {
+		r, err := demo.Start(context.Background(), name, demo.Options{Dir: filepath.Join(dir, name), Delay: delay})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = r.Close() })
+		services[name] = r
+	}
+	return services
 }

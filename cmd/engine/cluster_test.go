@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/waymark-dev/waymark/engine"
 	"github.com/waymark-dev/waymark/engine/client"
-	"github.com/waymark-dev/waymark/internal/demo"
 	"github.com/waymark-dev/waymark/internal/testsupport"
 	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/steps"
@@ -67,15 +65,9 @@ func TestClusterLosesItsLeaders(t *testing.T) {
 	clusterReady := time.Since(began)
 
 	dir := t.TempDir()
-	services := map[string]*demo.Running{}
+	services := startDemos(t, dir, 50*time.Millisecond)
 	env := &steps.Env{Services: map[string]string{}}
-	for _, name := range []string{demo.NamePayments, demo.NameRecords} {
-		r, err := demo.Start(context.Background(), name, demo.Options{Dir: filepath.Join(dir, name), Delay: 50 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = r.Close() })
-		services[name] = r
+	for name, r := range services {
 		env.Services[name] = r.URL
 	}
 	watch := startChaosWatch(t, store)

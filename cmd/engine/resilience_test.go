@@ -18,9 +18,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -903,13 +901,7 @@ func TestSoakRandomKills(t *testing.T) {
 		}
 		killFor, jobs = d, max(30, int(30*d/(20*time.Second)))
 	}
-	seed := time.Now().UnixNano()
-	if s := os.Getenv("WAYMARK_SOAK_SEED"); s != "" {
-		var err error
-		if seed, err = strconv.ParseInt(s, 10, 64); err != nil {
-			t.Fatalf("WAYMARK_SOAK_SEED=%q: %v", s, err)
-		}
-	}
+	seed := seedFromEnv(t, "WAYMARK_SOAK_SEED")
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x5eed))
 	t.Logf("soak: %d jobs, %v of kills, seed %d (WAYMARK_SOAK_SEED=%d replays the kill schedule)", jobs, killFor, seed, seed)
 	began := time.Now()
@@ -918,18 +910,9 @@ func TestSoakRandomKills(t *testing.T) {
 	store := srv.Store(t, resilSoakKV)
 	cl := client.New(store)
 	dir := t.TempDir()
-	services := map[string]*demo.Running{}
-	for _, name := range []string{demo.NamePayments, demo.NameRecords} {
-		// A short delay between the effect and its answer widens the
-		// window in which a worker dies with the effect performed and
-		// unrecorded.
-		r, err := demo.Start(context.Background(), name, demo.Options{Dir: filepath.Join(dir, name), Delay: 300 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = r.Close() })
-		services[name] = r
-	}
+	// A short delay between the effect and its answer widens the window
+	// in which a worker dies with the effect performed and unrecorded.
+	services := startDemos(t, dir, 300*time.Millisecond)
 	natsURL := "--nats-url=" + srv.URL()
 	svcArgs := []string{natsURL,
 		"--service=" + demo.NamePayments + "=" + services[demo.NamePayments].URL,
