@@ -54,11 +54,31 @@ func transitions(evs []schemas.Event) int {
 	return n
 }
 
+// outboxBulkBytes is how many bytes of bulky event data (a job's input,
+// error messages) an outbox carries before it is published whatever the
+// batch: every later checkpoint would carry them again until then.
+const outboxBulkBytes = 512
+
 // flushDue reports whether cp's outbox is published when cp is written:
-// it holds batch transitions, or the job stopped (completed, failed, or
-// waits for a person), so that history readers see how it stopped.
+// it holds batch transitions or outboxBulkBytes of bulky data, or the job
+// stopped (completed, failed, or waits for a person), so that history
+// readers see how it stopped.
 func flushDue(cp *schemas.Checkpoint, batch int) bool {
-	return len(cp.Events) > 0 && (cp.Status.Stopped() || transitions(cp.Events) >= batch)
+	return len(cp.Events) > 0 && (cp.Status.Stopped() || transitions(cp.Events) >= batch || bulk(cp.Events) >= outboxBulkBytes)
+}
+
+// bulk sums the sizes of the parts of evs that can be large: inputs,
+// error messages and reasons, in bytes.
+func bulk(evs []schemas.Event) int {
+	n := 0
+	for i := range evs {
+		d := &evs[i].Data
+		n += len(d.Input) + len(d.Reason)
+		if d.Error != nil {
+			n += len(d.Error.Message)
+		}
+	}
+	return n
 }
 
 // carry returns base's events that next must carry in its outbox: none

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -190,6 +191,63 @@ func TestHistoryIsStoredOncePerTransition(t *testing.T) {
 				st.Transitions, st2.Transitions, st.HistoryRepublished, st2.HistoryRepublished, st.CASConflicts, st2.CASConflicts)
 		})
 	}
+}
+
+// TestBulkyOutboxIsPublishedAtOnce: a job's input of 1 KiB is published
+// with the transition that started the job, so no later checkpoint
+// carries it again, and the history still holds it once.
+func TestBulkyOutboxIsPublishedAtOnce(t *testing.T) {
+	t.Parallel()
+	var carried sync.Map // job → the checkpoint that carried the input again
+	onWrite := func(cp *schemas.Checkpoint) {
+		for _, ev := range cp.Events {
+			if ev.Type == schemas.EventJobStarted && ev.Data.Seq < cp.Seq {
+				carried.Store(cp.JobID, fmt.Sprintf("seq %d carries job.started of seq %d", cp.Seq, ev.Data.Seq))
+			}
+		}
+	}
+	b := setup(t, setupOptions{engine: Config{HistoryBatch: 8, OnWrite: onWrite}})
+	b.worker(echo)
+	def := b.define(fiveSteps)
+	input := `{"notes": "` + strings.Repeat("n", 1024) + `"}`
+	small := b.start(def, `{}`, "small")
+	big := b.start(def, input, "big")
+	for _, id := range []string{small, big} {
+		if v := b.wait(id); v.Status != schemas.JobCompleted {
+			t.Fatalf("job %s: %s", id, v.Status)
+		}
+	}
+	if v, ok := carried.Load(big); ok {
+		t.Errorf("job %s: %s", big, v)
+	}
+	if _, ok := carried.Load(small); !ok {
+		t.Errorf("job %s: a small input was published at once too; want it batched", small)
+	}
+	evs, err := b.client.History(context.Background(), big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := 0
+	for _, ev := range evs {
+		if ev.Type == schemas.EventJobStarted {
+			started++
+			if !bytes.Equal(compactJSON(t, ev.Data.Input), compactJSON(t, []byte(input))) {
+				t.Errorf("job.started input = %.80s..., want the job's input", ev.Data.Input)
+			}
+		}
+	}
+	if started != 1 {
+		t.Errorf("history of %s holds %d job.started events, want 1", big, started)
+	}
+}
+
+func compactJSON(t *testing.T, b []byte) []byte {
+	t.Helper()
+	var out bytes.Buffer
+	if err := json.Compact(&out, b); err != nil {
+		t.Fatal(err)
+	}
+	return out.Bytes()
 }
 
 // TestIndexFollowsCrashesBetweenWrites: the job index is kept consistent

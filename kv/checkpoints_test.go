@@ -1,6 +1,7 @@
 package kv_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -293,6 +294,33 @@ func TestDecodeCheckpoint(t *testing.T) {
 		job := "k"
 		if _, err := kv.DecodeCheckpoint(job, []byte(data)); !errors.Is(err, schemas.ErrQuarantined) {
 			t.Errorf("%s: err = %v, want ErrQuarantined", name, err)
+		}
+	}
+}
+
+// An outbox event is stored without its job and read back with it; one
+// stored with its job (an older engine's) keeps it.
+func TestOutboxEventsKeepTheirJob(t *testing.T) {
+	t.Parallel()
+	cp := checkpoint("j", 1)
+	cp.Events = []schemas.Event{
+		{Type: schemas.EventStepCompleted, Data: schemas.HistoryData{Job: "j", Seq: 1, Step: "a"}},
+		{Type: schemas.EventStepDispatched, Data: schemas.HistoryData{Job: "j", Seq: 1, Step: "b"}},
+	}
+	stored := cp.AppendJSON(nil)
+	if bytes.Contains(stored, []byte(`"job":"j"`)) {
+		t.Errorf("outbox stored with its job: %s", stored)
+	}
+	older, _ := json.Marshal(cp)
+	for name, data := range map[string][]byte{"stored": stored, "older": older} {
+		got, err := kv.DecodeCheckpoint("j", data)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for _, ev := range got.Events {
+			if ev.Data.Job != "j" {
+				t.Errorf("%s: event %s of step %s decoded with job %q", name, ev.Type, ev.Data.Step, ev.Data.Job)
+			}
 		}
 	}
 }

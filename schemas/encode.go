@@ -330,18 +330,24 @@ func (w *jsonw) error(e *Error) {
 	w.close()
 }
 
+// event writes a checkpoint's outbox event. Its data leaves out the job,
+// which is the checkpoint's own (kv.DecodeCheckpoint puts it back).
 func (w *jsonw) event(ev *Event) {
 	w.open()
 	w.strField("type", ev.Type)
 	w.timeField("time", ev.Time)
 	w.key("data")
-	w.historyData(&ev.Data)
+	d := ev.Data
+	d.Job = ""
+	w.historyData(&d)
 	w.close()
 }
 
 func (w *jsonw) historyData(d *HistoryData) {
 	w.open()
-	w.strField("job", d.Job)
+	if d.Job != "" {
+		w.strField("job", d.Job)
+	}
 	w.uintField("seq", d.Seq)
 	if d.Step != "" {
 		w.strField("step", d.Step)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -57,7 +58,13 @@ func TestAppendJSONMatchesEncodingJSON(t *testing.T) {
 			if err := json.Unmarshal(got, &viaOurs); err != nil {
 				t.Fatal(err)
 			}
-			std, err := json.Marshal(cp)
+			// Outbox events are stored without their job, the checkpoint's own.
+			want := *cp
+			want.Events = slices.Clone(cp.Events)
+			for i := range want.Events {
+				want.Events[i].Data.Job = ""
+			}
+			std, err := json.Marshal(&want)
 			if err != nil {
 				t.Fatal(err)
 			}

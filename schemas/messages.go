@@ -81,8 +81,8 @@ const (
 
 // HistoryData is the data of a history event.
 type HistoryData struct {
-	Job          string    `json:"job"`
-	Seq          uint64    `json:"seq"` // checkpoint sequence the event was written with
+	Job          string    `json:"job,omitempty"` // left out in a checkpoint's outbox, which is the job's own
+	Seq          uint64    `json:"seq"`           // checkpoint sequence the event was written with
 	Step         string    `json:"step,omitempty"`
 	Attempt      int       `json:"attempt,omitempty"`
 	Status       string    `json:"status,omitempty"`
