@@ -73,7 +73,11 @@ func (e *Engine) sweepJob(ctx context.Context, ie kv.IndexEntry) error {
 			e.ctr.indexRepaired.Add(1)
 			return nil
 		}
-		for _, key := range e.effectKeysOf(ctx, cp) {
+		keys, err := e.effectKeysOf(ctx, cp)
+		if err != nil {
+			return fmt.Errorf("sweep job %s: find its effect records: %w", ie.Job, err)
+		}
+		for _, key := range keys {
 			if err := e.sweepEffect(ctx, cp.JobID, key); err != nil {
 				return fmt.Errorf("sweep job %s: %w", ie.Job, err)
 			}
@@ -97,12 +101,24 @@ func (e *Engine) sweepJob(ctx context.Context, ie kv.IndexEntry) error {
 // effectKeysOf lists the ledger keys a job may have written: the derived
 // key of every run of each step that is not pure, and the shared keys its
 // checkpoint recorded. Keys that were never written are looked up and
-// skipped.
-func (e *Engine) effectKeysOf(ctx context.Context, cp *schemas.Checkpoint) []string {
+// skipped. Without the job's definition (deleted by hand) it reads the
+// whole ledger for the records that name the job.
+func (e *Engine) effectKeysOf(ctx context.Context, cp *schemas.Checkpoint) ([]string, error) {
 	keys := slices.Clone(cp.EffectKeys)
 	def, err := e.store.Definitions.Get(ctx, cp.DefinitionHash)
+	if errors.Is(err, schemas.ErrNotFound) {
+		e.log.Warn("sweep: the job's definition is missing; reading the whole effect ledger for its records",
+			"job", cp.JobID, "definition", cp.DefinitionHash)
+		err = e.store.Effects.List(ctx, func(ent kv.EffectEntry) bool {
+			if r := ent.Record; r.Job == cp.JobID || slices.Contains(r.SharedBy, cp.JobID) {
+				keys = append(keys, r.Key)
+			}
+			return true
+		})
+		return keys, err
+	}
 	if err != nil {
-		return keys // without the definition, only the recorded keys are known
+		return nil, err
 	}
 	for i := range def.Steps {
 		s := &def.Steps[i]
@@ -119,7 +135,7 @@ func (e *Engine) effectKeysOf(ctx context.Context, cp *schemas.Checkpoint) []str
 			keys = append(keys, schemas.IdempotencyKey(cp.JobID, s.ID, run))
 		}
 	}
-	return keys
+	return keys, nil
 }
 
 // sweepEffect removes job's use of the record under key: the record

@@ -57,6 +57,12 @@ type EffectRecord struct {
 	// it is not Job (a shared key): attempts of different jobs are not
 	// compared.
 	AttemptOf string `json:"attempt_of,omitempty"`
+	// JobIndexRev names the creation of Job that wrote the record: its
+	// checkpoint's IndexRev. A record of Job's own key written by an
+	// earlier job with the same id (left behind when that job's checkpoint
+	// was removed by hand) is then not taken for this job's effect.
+	// 0 in records written before it was kept.
+	JobIndexRev uint64 `json:"job_index_rev,omitempty"`
 
 	ExternalID   string          `json:"external_id,omitempty"`
 	ResultDigest string          `json:"result_digest,omitempty"`

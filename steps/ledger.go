@@ -105,27 +105,43 @@ func (ps *preparedStep) effectKey(c *Call) (string, error) {
 // A direct read may come from a replica behind the leader; before the
 // attempt is dropped as stale, the leader confirms.
 func (w *Worker) fence(ctx context.Context, c *Call) error {
+	_, err := w.fenceJob(ctx, c)
+	return err
+}
+
+// fenceJob is fence returning the job's IndexRev (which creation of the
+// job this is).
+func (w *Worker) fenceJob(ctx context.Context, c *Call) (uint64, error) {
 	current := func(ent kv.Entry) bool {
 		cp := ent.Checkpoint
 		return cp.Status == schemas.JobRunning && cp.Current != nil && cp.Current.Step == c.Step.ID && cp.Current.Attempt == c.Attempt
 	}
 	ent, err := w.store.Checkpoints.Get(ctx, c.Job)
 	if err == nil && current(ent) {
-		return nil
+		return ent.Checkpoint.IndexRev, nil
 	}
 	if err != nil && !errors.Is(err, schemas.ErrNotFound) {
-		return Retryable(fmt.Errorf("read checkpoint for fencing: %w", err))
+		return 0, Retryable(fmt.Errorf("read checkpoint for fencing: %w", err))
 	}
 	ent, err = w.store.Checkpoints.GetFromLeader(ctx, c.Job)
 	switch {
 	case errors.Is(err, schemas.ErrNotFound):
-		return errStaleAttempt // the job is gone (swept): nothing to report to
+		return 0, errStaleAttempt // the job is gone (swept): nothing to report to
 	case err != nil:
-		return Retryable(fmt.Errorf("read checkpoint for fencing: %w", err))
+		return 0, Retryable(fmt.Errorf("read checkpoint for fencing: %w", err))
 	case !current(ent):
-		return errStaleAttempt
+		return 0, errStaleAttempt
 	}
-	return nil
+	return ent.Checkpoint.IndexRev, nil
+}
+
+// leftOver reports whether rec, found under the key of job's own effect,
+// was written by an earlier job with the same id (creation indexRev is
+// this one): its record outlived its checkpoint, and this job's effect
+// has not happened.
+func leftOver(rec *schemas.EffectRecord, job string, indexRev uint64) bool {
+	return rec.Job == job && rec.AttemptOf == "" && len(rec.SharedBy) == 0 &&
+		rec.JobIndexRev != 0 && indexRev != 0 && rec.JobIndexRev != indexRev
 }
 
 // attemptJob is the job whose attempt last wrote rec.
@@ -159,7 +175,8 @@ func share(rec *schemas.EffectRecord, job string) (*schemas.EffectRecord, bool) 
 func (w *Worker) runEffect(ctx context.Context, ps *preparedStep, c *Call, delivery uint64, state *schemas.EffectState) (any, error) {
 	class := ps.def.EffectOf(ps.step)
 	key := c.IdempotencyKey
-	if err := w.fence(ctx, c); err != nil {
+	indexRev, err := w.fenceJob(ctx, c)
+	if err != nil {
 		return nil, err
 	}
 	eff := w.store.Effects
@@ -171,10 +188,13 @@ func (w *Worker) runEffect(ctx context.Context, ps *preparedStep, c *Call, deliv
 			return nil, Retryable(fmt.Errorf("effect %s: kept changing under this attempt", key))
 		}
 		ent, err := eff.Get(ctx, key)
+		fresh := func() *schemas.EffectRecord {
+			return &schemas.EffectRecord{Key: key, Job: c.Job, Step: c.Step.ID, Class: class, State: schemas.EffectPrepared,
+				Attempt: c.Attempt, Delivery: delivery, Worker: w.cfg.ID, JobIndexRev: indexRev, PreparedAt: now, UpdatedAt: now}
+		}
 		switch {
 		case errors.Is(err, schemas.ErrNotFound):
-			rec = &schemas.EffectRecord{Key: key, Job: c.Job, Step: c.Step.ID, Class: class, State: schemas.EffectPrepared,
-				Attempt: c.Attempt, Delivery: delivery, Worker: w.cfg.ID, PreparedAt: now, UpdatedAt: now}
+			rec = fresh()
 			rev, err = eff.Create(ctx, rec)
 			if errors.Is(err, schemas.ErrConflict) {
 				continue // prepared by a concurrent delivery: decide on its record
@@ -185,6 +205,18 @@ func (w *Worker) runEffect(ctx context.Context, ps *preparedStep, c *Call, deliv
 			w.effectEvent(ctx, rec, rev, schemas.EventEffectPrepared)
 		case err != nil:
 			return nil, Retryable(err)
+		case leftOver(ent.Record, c.Job, indexRev):
+			w.log.Warn("effect record left by an earlier job with this id; replacing it, this job's effect has not happened",
+				"key", key, "job", c.Job, "record_index_rev", ent.Record.JobIndexRev, "job_index_rev", indexRev)
+			rec = fresh()
+			rev, err = eff.Update(ctx, rec, ent.Revision)
+			if errors.Is(err, schemas.ErrConflict) {
+				continue
+			}
+			if err != nil {
+				return nil, Retryable(err)
+			}
+			w.effectEvent(ctx, rec, rev, schemas.EventEffectPrepared)
 		default:
 			rec, rev = ent.Record, ent.Revision
 		}
@@ -268,6 +300,8 @@ func (w *Worker) runEffect(ctx context.Context, ps *preparedStep, c *Call, deliv
 		next.AttemptOf = ""
 		if c.Job != next.Job {
 			next.AttemptOf = c.Job
+		} else if next.JobIndexRev == 0 {
+			next.JobIndexRev = indexRev
 		}
 		next.DispatchedAt, next.UpdatedAt, next.LastError = now, now, nil
 		next.Happened = nil // a resolution that said "did not happen" is superseded by this call

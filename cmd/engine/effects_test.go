@@ -1108,3 +1108,121 @@ func TestJobRetention(t *testing.T) {
 		t.Fatalf("job %s: %v %v, want still running", running, v, err)
 	}
 }
+
+// TestSweepWithoutDefinitionThenReuse: a finished job whose definition was
+// deleted by hand is swept with its effect records all the same (found by
+// reading the ledger), and a job started again under its id performs its
+// own effects instead of replaying the old job's. A record an earlier job
+// left behind (its checkpoint removed by hand, no sweep) is not taken for
+// the new job's effect either.
+func TestSweepWithoutDefinitionThenReuse(t *testing.T) {
+	t.Parallel()
+	const job = "reused"
+	var clock effClock
+	b := effSetup(t, effOptions{
+		kv:     kv.Config{JobRetention: time.Second},
+		engine: engine.Config{Now: clock.Now, ReconcileInterval: -1},
+	})
+	ctx := b.ctx()
+	count := func() int {
+		recs, err := b.client.Effects(ctx, client.EffectFilter{Job: job})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(recs)
+	}
+	calls := func() int {
+		n := 0
+		for _, svc := range []string{demo.NamePayments, demo.NameRecords, demo.NameMail} {
+			for _, c := range b.stats(svc).Calls {
+				n += c
+			}
+		}
+		return n
+	}
+	b.start(job)
+	v := b.waitStopped(job)
+	if v.Status != schemas.JobCompleted {
+		t.Fatalf("job %s: %s", job, v.Status)
+	}
+	if n := count(); n != 3 {
+		t.Fatalf("%d effect records, want 3", n)
+	}
+	firstCalls := calls()
+
+	defs, err := b.store.JS.KeyValue(ctx, b.store.Names.DefinitionBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := defs.Purge(ctx, b.def.Hash); err != nil {
+		t.Fatal(err)
+	}
+	// A store of its own: the bundle's has the definition cached.
+	sweeper, err := engine.New(engine.Config{Store: b.srv.Store(t, kv.Config{JobRetention: time.Second}), Now: clock.Now, ReconcileInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.Set(v.CompletedAt.Add(time.Hour))
+	err = sweeper.SweepJobs(ctx)
+	clock.Set(time.Time{})
+	if err != nil {
+		t.Fatalf("sweep: %v", err)
+	}
+	if n := count(); n != 0 {
+		t.Fatalf("after the sweep: %d effect records of %s left, want 0", n, job)
+	}
+	if _, err := b.client.Job(ctx, job); !errors.Is(err, schemas.ErrNotFound) {
+		t.Fatalf("swept job: %v, want ErrNotFound", err)
+	}
+
+	// The id again: every effect is performed anew (the providers are
+	// called), and its checkpoint then removed by hand, leaving records.
+	if err := b.store.Definitions.Put(ctx, b.def); err != nil {
+		t.Fatal(err)
+	}
+	b.start(job)
+	if v := b.waitStopped(job); v.Status != schemas.JobCompleted {
+		t.Fatalf("job %s again: %s", job, v.Status)
+	}
+	secondCalls := calls()
+	if secondCalls < 2*firstCalls {
+		t.Fatalf("the providers had %d calls after the first job and %d after the second; the second job replayed the first's effects", firstCalls, secondCalls)
+	}
+	cps, err := b.store.JS.KeyValue(ctx, b.store.Names.CheckpointBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cps.Purge(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	jobs, err := b.store.JS.KeyValue(ctx, b.store.Names.JobsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lister, err := jobs.ListKeys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range lister.Keys() {
+		if strings.HasSuffix(k, "."+job) {
+			if err := jobs.Purge(ctx, k); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n := count(); n != 3 {
+		t.Fatalf("%d records left behind, want 3", n)
+	}
+	b.start(job)
+	if v := b.waitStopped(job); v.Status != schemas.JobCompleted {
+		t.Fatalf("job %s a third time: %s", job, v.Status)
+	}
+	if n := calls(); n < secondCalls+firstCalls {
+		t.Errorf("the providers had %d calls before the third job and %d after; it replayed records another job left", secondCalls, n)
+	}
+	for _, ev := range b.history(job) {
+		if ev.Type == schemas.EventEffectReplayed {
+			t.Errorf("third job's history replays an effect: %+v", ev.Data)
+		}
+	}
+}
