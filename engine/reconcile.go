@@ -137,6 +137,16 @@ func (e *Engine) reconcileJob(ctx context.Context, ie kv.IndexEntry, now time.Ti
 		return 0, false, fmt.Errorf("reconcile job %s: %w", ie.Job, err)
 	}
 	cp := ent.Checkpoint
+	if ie.Key != kv.ActiveKey(cp.Workflow, cp.JobID) {
+		// A start of the id under another workflow that lost to the job
+		// stored (a client that died before it took its entry back).
+		if err := e.store.Jobs.Remove(ctx, ie.Key, ie.Revision); err != nil {
+			return 0, false, fmt.Errorf("reconcile job %s: remove the index entry %s of another workflow: %w", ie.Job, ie.Key, err)
+		}
+		e.ctr.indexRepaired.Add(1)
+		e.log.Info("removed an index entry that names another workflow than the job's", "job", ie.Job, "entry", ie.Key, "workflow", cp.Workflow)
+		return 0, false, nil
+	}
 	switch cp.Status {
 	case schemas.JobCompleted, schemas.JobFailed:
 		return 0, false, e.finishEnded(ctx, ent, ie.Revision)

@@ -332,6 +332,64 @@ func TestIndexFollowsCrashesBetweenWrites(t *testing.T) {
 	}
 }
 
+// TestConflictingStartLeavesOneIndexEntry: starting a taken id with
+// another workflow or another version is refused and leaves the job
+// indexed once; an entry such a start left behind (its client died) is
+// removed by the reconciler once, not on every pass.
+func TestConflictingStartLeavesOneIndexEntry(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	b.worker(echo)
+	ctx := context.Background()
+	def := b.define(fiveSteps)
+	other := b.define(strings.Replace(fiveSteps, "name: five", "name: other", 1))
+	newer := b.define(strings.Replace(fiveSteps, "version: 1", "version: 2", 1))
+	id := b.start(def, `{}`, "taken")
+	b.wait(id)
+	for _, d := range []*schemas.Definition{other, newer, other} {
+		if _, err := b.client.Start(ctx, d, json.RawMessage(`{}`), client.StartOptions{JobID: id}); !errors.Is(err, schemas.ErrConflict) {
+			t.Fatalf("start %s with %s v%d: %v, want a conflict", id, d.Name, d.Version, err)
+		}
+	}
+	entries := func() []string {
+		var keys []string
+		for _, f := range []func(context.Context, func(kv.IndexEntry) bool) error{b.store.Jobs.Active, b.store.Jobs.Ended} {
+			if err := f(ctx, func(ie kv.IndexEntry) bool {
+				if ie.Job == id {
+					keys = append(keys, ie.Key)
+				}
+				return true
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return keys
+	}
+	if got := entries(); len(got) != 1 || got[0] != kv.EndedKey(schemas.JobCompleted, "five", id) {
+		t.Fatalf("index entries of %s: %v, want only its ended entry", id, got)
+	}
+	page, err := b.client.List(ctx, client.ListFilter{Workflow: "other"})
+	if err != nil || len(page.Jobs) != 0 {
+		t.Fatalf("jobs of workflow other: %+v, %v; want none", page.Jobs, err)
+	}
+
+	// The entry a dead client left: removed by one pass, then left alone.
+	if _, err := b.store.Jobs.CreateActive(ctx, &schemas.Checkpoint{JobID: id, Workflow: "other", Version: 1, CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := b.engine.Reconcile(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := entries(); len(got) != 1 {
+		t.Errorf("index entries of %s after the reconciler: %v, want one", id, got)
+	}
+	if n := b.engine.Stats().IndexRepaired; n != 1 {
+		t.Errorf("index repairs = %d, want 1", n)
+	}
+}
+
 // TestListPagesNewestFirst: a listing returns every job once, newest first,
 // page by page, and filters by status and workflow.
 func TestListPagesNewestFirst(t *testing.T) {

@@ -173,6 +173,7 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 	// engines start pending jobs by themselves.
 	key := kv.ActiveKey(def.Name, id)
 	rev, err := c.store.Jobs.CreateActive(ctx, cp)
+	created := err == nil
 	if errors.Is(err, schemas.ErrConflict) {
 		// The job exists, or its creation was cut short: the checkpoint
 		// decides which.
@@ -191,6 +192,16 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 	startID := schemas.StartMsgID(id) + "/" + strconv.FormatUint(rev, 10)
 	cp.Cause = startID
 	if _, err := c.store.Checkpoints.Create(ctx, cp); errors.Is(err, schemas.ErrConflict) {
+		if created {
+			// The id is taken by a job this start did not create: take back
+			// the entry it wrote, unless that job is indexed by it (a
+			// concurrent start of the same job stored it first). If this
+			// fails, the reconciler removes the entry (it names another
+			// workflow, or an ended job).
+			if ent, gerr := c.store.Checkpoints.Get(ctx, id); gerr == nil && ent.Checkpoint.IndexRev != rev {
+				_ = c.store.Jobs.Remove(ctx, key, rev)
+			}
+		}
 		return c.attach(ctx, id, def, input)
 	} else if err != nil {
 		return StartResult{}, fmt.Errorf("start job %s: %w", id, err)
