@@ -463,8 +463,7 @@ func TestListPagesNewestFirst(t *testing.T) {
 		t.Errorf("bad cursor: %v, want ErrInputInvalid", err)
 	}
 
-	// A job that finishes between two pages moves to the top, and the
-	// rest of the listing goes on where it was.
+	// A job that finishes between two pages is listed once all the same.
 	first, err := b.client.List(ctx, client.ListFilter{Limit: 3})
 	if err != nil {
 		t.Fatal(err)
@@ -482,6 +481,89 @@ func TestListPagesNewestFirst(t *testing.T) {
 		if n != 1 {
 			t.Errorf("job %s listed %d times across the pages", id, n)
 		}
+	}
+}
+
+// TestListingWhileJobsFinish: a listing walked page by page while jobs
+// finish (below and above the cursor) and new jobs start returns every job
+// that existed when it began exactly once, and none created since.
+func TestListingWhileJobsFinish(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	idle := b.define("name: idle\nversion: 1\nsteps:\n  - {id: a, kind: noop, pool: idle}\n")
+	ctx := context.Background()
+	var before []string
+	for i := range 30 {
+		before = append(before, b.start(idle, `{}`, fmt.Sprintf("w-%02d", i)))
+	}
+	for _, id := range before {
+		testsupport.Eventually(t, 10*time.Second, func() bool {
+			ent, err := b.store.Checkpoints.Get(ctx, id)
+			return err == nil && ent.Checkpoint.Current != nil
+		}, "job %s never dispatched", id)
+	}
+	finish := func(id string) {
+		b.publishResultFor(t, id)
+		testsupport.Eventually(t, 10*time.Second, func() bool {
+			_, err := b.store.Jobs.Get(ctx, kv.EndedKey(schemas.JobCompleted, "idle", id))
+			return err == nil
+		}, "job %s never indexed as completed", id)
+	}
+	seen := map[string]int{}
+	finished := map[string]bool{}
+	cursor := ""
+	for pages := 0; ; pages++ {
+		page, err := b.client.List(ctx, client.ListFilter{Limit: 4, After: cursor})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, j := range page.Jobs {
+			seen[j.ID]++
+		}
+		if page.Cursor == "" {
+			break
+		}
+		if pages > 20 {
+			t.Fatal("listing does not end")
+		}
+		cursor = page.Cursor
+		// Finish the two oldest jobs not yet listed and one listed, and
+		// start a new one.
+		n := 0
+		for _, id := range before {
+			if seen[id] == 0 && !finished[id] && n < 2 {
+				finish(id)
+				finished[id] = true
+				n++
+			}
+		}
+		for _, j := range page.Jobs {
+			if !finished[j.ID] {
+				finish(j.ID)
+				finished[j.ID] = true
+				break
+			}
+		}
+		b.start(idle, `{}`, fmt.Sprintf("new-%02d", pages))
+	}
+	for _, id := range before {
+		if seen[id] != 1 {
+			t.Errorf("job %s listed %d times, want once", id, seen[id])
+		}
+	}
+	for id := range seen {
+		if strings.HasPrefix(id, "new-") {
+			t.Errorf("job %s, started after the listing began, was listed", id)
+		}
+	}
+	if len(finished) < 10 {
+		t.Fatalf("only %d jobs finished during the walk", len(finished))
+	}
+	if _, err := b.client.List(ctx, client.ListFilter{After: "99999999.99999999"}); !errors.Is(err, schemas.ErrInputInvalid) {
+		t.Errorf("cursor beyond the index: %v, want ErrInputInvalid", err)
+	}
+	if _, err := b.client.List(ctx, client.ListFilter{Workflow: "*"}); !errors.Is(err, schemas.ErrInputInvalid) {
+		t.Errorf("workflow '*': %v, want ErrInputInvalid", err)
 	}
 }
 

@@ -2,6 +2,7 @@ package kv
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -68,6 +69,15 @@ type IndexEntry struct {
 	// listing of finished jobs reads no checkpoint.
 	ResumeCount int            `json:"resume_count,omitempty"`
 	Error       *schemas.Error `json:"error,omitempty"`
+	// FromRev, on an ended entry, is the revision of the entry it replaced
+	// (the job's active entry, or its ended entry before an update): where
+	// the job stood in a listing that began before it moved.
+	FromRev uint64 `json:"from_rev,omitempty"`
+
+	// Pos is where the entry stands in the listing Page returned it in:
+	// its Revision, or FromRev for a job that moved since the listing's
+	// snapshot.
+	Pos uint64 `json:"-"`
 }
 
 // Ended reports whether the entry is of a finished job.
@@ -133,8 +143,16 @@ func (j *Jobs) End(ctx context.Context, cp *schemas.Checkpoint, activeRev uint64
 	if !cp.Status.Terminal() {
 		return fmt.Errorf("index job %s: status %s has not ended", cp.JobID, cp.Status)
 	}
+	key := ActiveKey(cp.Workflow, cp.JobID)
+	if activeRev == 0 {
+		got, err := j.Get(ctx, key)
+		if err != nil && !errors.Is(err, schemas.ErrNotFound) {
+			return err
+		}
+		activeRev = got.Revision
+	}
 	e := IndexEntry{Job: cp.JobID, Workflow: cp.Workflow, Version: cp.Version, Status: cp.Status,
-		CreatedAt: cp.CreatedAt, EndedAt: cp.CompletedAt, ResumeCount: cp.ResumeCount, Error: cp.Error}
+		CreatedAt: cp.CreatedAt, EndedAt: cp.CompletedAt, ResumeCount: cp.ResumeCount, Error: cp.Error, FromRev: activeRev}
 	data, err := json.Marshal(&e)
 	if err != nil {
 		return fmt.Errorf("index job %s: %w", cp.JobID, err)
@@ -147,7 +165,18 @@ func (j *Jobs) End(ctx context.Context, cp *schemas.Checkpoint, activeRev uint64
 		if err != nil {
 			return fmt.Errorf("index job %s as %s: %w", cp.JobID, cp.Status, err)
 		}
+		var old IndexEntry
+		if json.Unmarshal(got.Value(), &old) == nil {
+			e.FromRev = old.FromRev
+			if data, err = json.Marshal(&e); err != nil {
+				return fmt.Errorf("index job %s: %w", cp.JobID, err)
+			}
+		}
 		if !bytes.Equal(got.Value(), data) {
+			e.FromRev = got.Revision() // it moves: listings under way found it here
+			if data, err = json.Marshal(&e); err != nil {
+				return fmt.Errorf("index job %s: %w", cp.JobID, err)
+			}
 			if _, err := j.kv.Update(ctx, ended, data, got.Revision()); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
 				return fmt.Errorf("index job %s as %s: %w", cp.JobID, cp.Status, err)
 			}
@@ -155,16 +184,8 @@ func (j *Jobs) End(ctx context.Context, cp *schemas.Checkpoint, activeRev uint64
 	} else if err != nil {
 		return fmt.Errorf("index job %s as %s: %w", cp.JobID, cp.Status, err)
 	}
-	key := ActiveKey(cp.Workflow, cp.JobID)
 	if activeRev == 0 {
-		got, err := j.Get(ctx, key)
-		if errors.Is(err, schemas.ErrNotFound) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		activeRev = got.Revision
+		return nil
 	}
 	return j.Remove(ctx, key, activeRev)
 }
@@ -294,50 +315,93 @@ func (f IndexFilter) subjects(j *Jobs) []string {
 	return out
 }
 
-// Page returns up to limit entries matching f, newest first: by revision,
-// which is the order jobs were created (active entries) or finished (ended
-// entries). before, when not 0, continues a listing: only entries with a
-// revision below it (the Revision of the last entry of the previous page).
-// A job that finishes between two pages moves to the top of the listing
-// and is not seen again lower down. The server filters by subject; the
-// client reads only windows near the top of the bucket's stream, widening
-// them until the page is full or the stream's start is reached.
-func (j *Jobs) Page(ctx context.Context, f IndexFilter, before uint64, limit int) ([]IndexEntry, error) {
+// Page returns up to limit entries matching f, newest first, as the
+// index stood at revision snapshot (0: now), with that snapshot. Each job
+// stands at one position: the revision its entry had at the snapshot
+// (its creation for a job that was active, its end for one that had
+// finished); a job that finished since is found at its old position
+// (IndexEntry.FromRev), and jobs created since are not listed. So a
+// listing continued page by page from one snapshot returns every job
+// that existed then and still matches exactly once. before, when not 0,
+// continues a listing: only positions below it (the Pos of the previous
+// page's last entry). The server filters by subject; the client reads
+// windows near the top of the bucket's stream, widening them until the
+// page is full or the stream's start is reached, and the entries written
+// since the snapshot. Errors: ErrCursor when snapshot or before lie
+// beyond the index.
+func (j *Jobs) Page(ctx context.Context, f IndexFilter, before, snapshot uint64, limit int) ([]IndexEntry, uint64, error) {
 	if limit <= 0 {
-		return nil, nil
+		return nil, snapshot, nil
 	}
 	st, err := j.js.Stream(ctx, j.streamName())
 	if err != nil {
-		return nil, fmt.Errorf("list jobs: %w", err)
+		return nil, 0, fmt.Errorf("list jobs: %w", err)
 	}
 	state := st.CachedInfo().State
-	hi := state.LastSeq + 1
-	if before != 0 && before < hi {
+	if snapshot == 0 {
+		snapshot = state.LastSeq
+	}
+	if snapshot > state.LastSeq || before > snapshot+1 {
+		return nil, 0, ErrCursor
+	}
+	hi := snapshot + 1
+	if before != 0 {
 		hi = before
 	}
 	first := max(state.FirstSeq, 1)
 	subjects := f.subjects(j)
-	var out []IndexEntry
-	win := uint64(max(4*limit, 64))
-	for hi > first && len(out) < limit {
-		lo := first
-		if hi > first+win {
-			lo = hi - win
-		}
-		got, err := j.readRange(ctx, subjects, lo, hi)
+	// Jobs that moved since the snapshot, at their old positions.
+	var moved []IndexEntry
+	if snapshot < state.LastSeq {
+		since, err := j.readRange(ctx, subjects, snapshot+1, state.LastSeq+1)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
+		}
+		for _, e := range since {
+			if e.FromRev != 0 && e.FromRev <= snapshot && e.FromRev < hi {
+				e.Pos = e.FromRev
+				moved = append(moved, e)
+			}
+		}
+	}
+	var out []IndexEntry
+	lo := hi
+	win := uint64(max(4*limit, 64))
+	for lo > first && len(out) < limit {
+		top := lo
+		lo = first
+		if top > first+win {
+			lo = top - win
+		}
+		got, err := j.readRange(ctx, subjects, lo, top)
+		if err != nil {
+			return nil, 0, err
+		}
+		for i := range got {
+			got[i].Pos = got[i].Revision
 		}
 		slices.Reverse(got)
 		out = append(out, got...)
-		hi = lo
 		win *= 4
 	}
+	if lo <= first {
+		lo = 0 // the start: an old position may lie before the stream's first message now
+	}
+	for _, e := range moved {
+		if e.Pos >= lo {
+			out = append(out, e)
+		}
+	}
+	slices.SortFunc(out, func(a, b IndexEntry) int { return cmp.Compare(b.Pos, a.Pos) })
 	if len(out) > limit {
 		out = out[:limit]
 	}
-	return out, nil
+	return out, snapshot, nil
 }
+
+// ErrCursor is returned by Page for a position or snapshot beyond the
+// index: a cursor no listing of this deployment gave.
+var ErrCursor = errors.New("cursor beyond the job index")
 
 // readRange returns the live entries on subjects with a sequence in
 // [lo, hi), in order.

@@ -73,6 +73,9 @@ func compileValidators(def *schemas.Definition) (*validators, error) {
 
 var jobIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
 
+// workflowNameRE is the rule of a workflow's name (workflow.schema.json).
+var workflowNameRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_-]{0,63}$`)
+
 // ValidateJobID reports whether id can name a job: 1 to 128 letters,
 // digits, '-' and '_', starting with a letter or digit (it is a KV key and
 // a subject token).
@@ -305,13 +308,12 @@ func (c *Client) List(ctx context.Context, f ListFilter) (JobPage, error) {
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
-	var before uint64
-	if f.After != "" {
-		n, err := strconv.ParseUint(f.After, 10, 64)
-		if err != nil || n == 0 {
-			return JobPage{}, schemas.Errorf(schemas.CodeInputInvalid, "cursor %q is not one this listing gave", f.After)
-		}
-		before = n
+	before, snapshot, err := parseCursor(f.After)
+	if err != nil {
+		return JobPage{}, err
+	}
+	if f.Workflow != "" && !workflowNameRE.MatchString(f.Workflow) {
+		return JobPage{}, schemas.Errorf(schemas.CodeInputInvalid, "workflow %q is not a workflow name (1 to 64 letters, digits, '-' and '_', starting with a letter)", f.Workflow)
 	}
 	filter := kv.IndexFilter{Workflow: f.Workflow}
 	activeStatus := false
@@ -325,12 +327,16 @@ func (c *Client) List(ctx context.Context, f ListFilter) (JobPage, error) {
 	page := JobPage{Jobs: []JobSummary{}}
 	for len(page.Jobs) < f.Limit {
 		want := f.Limit - len(page.Jobs)
-		entries, err := c.store.Jobs.Page(ctx, filter, before, want)
+		entries, snap, err := c.store.Jobs.Page(ctx, filter, before, snapshot, want)
+		if errors.Is(err, kv.ErrCursor) {
+			return JobPage{}, schemas.Errorf(schemas.CodeInputInvalid, "cursor %q is not one this deployment's listings gave (it lies beyond the job index)", f.After)
+		}
 		if err != nil {
 			return JobPage{}, err
 		}
+		snapshot = snap
 		for _, e := range entries {
-			before = e.Revision
+			before = e.Pos
 			s, ok, err := c.summary(ctx, e)
 			if err != nil {
 				return JobPage{}, err
@@ -344,8 +350,29 @@ func (c *Client) List(ctx context.Context, f ListFilter) (JobPage, error) {
 			return page, nil // the start of the index: no more pages
 		}
 	}
-	page.Cursor = strconv.FormatUint(before, 10)
+	page.Cursor = strconv.FormatUint(before, 10) + "." + strconv.FormatUint(snapshot, 10)
 	return page, nil
+}
+
+// parseCursor reads a listing cursor, "<position>.<snapshot>" (see
+// kv.Jobs.Page), or a bare position from an older version (listed as of
+// now). Errors: schemas.ErrInputInvalid.
+func parseCursor(s string) (before, snapshot uint64, err error) {
+	if s == "" {
+		return 0, 0, nil
+	}
+	pos, snap, hasSnap := strings.Cut(s, ".")
+	before, err = strconv.ParseUint(pos, 10, 64)
+	if err == nil && hasSnap {
+		snapshot, err = strconv.ParseUint(snap, 10, 64)
+		if err == nil && snapshot == 0 {
+			err = errors.New("zero snapshot")
+		}
+	}
+	if err != nil || before == 0 {
+		return 0, 0, schemas.Errorf(schemas.CodeInputInvalid, "cursor %q is not one this listing gave (want the cursor of a previous page)", s)
+	}
+	return before, snapshot, nil
 }
 
 // summary describes one index entry: from the entry for a finished job,
