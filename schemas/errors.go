@@ -25,6 +25,7 @@ const (
 	CodeQuarantined       Code = "quarantined"        // a checkpoint failed to decode or validate
 	CodeStepFailed        Code = "step_failed"        // a step returned an error (the generic code)
 	CodeUnknownKind       Code = "unknown_kind"       // no worker knows the step's kind
+	CodeMissingService    Code = "missing_service"    // no worker of the step's pool has a service the step names
 	CodeProvider          Code = "provider"           // a model or HTTP provider failed
 	CodeCancelled         Code = "cancelled"          // the job or step was cancelled
 	CodeAmbiguous         Code = "ambiguous"          // an unsafe effect's outcome is unknown: a person must decide

@@ -2,6 +2,7 @@ package steps
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -102,6 +103,51 @@ type MissingServiceError struct {
 
 func (e *MissingServiceError) Error() string {
 	return fmt.Sprintf("no service named %q (give the worker --service %s=URL; known: %s)", e.Name, e.Name, strings.Join(e.Known, ", "))
+}
+
+// serviceCallRE finds service calls with a literal name in a template:
+// {{service "payments"}}, {{service `payments`}}.
+var serviceCallRE = regexp.MustCompile("\\bservice\\s+(?:\"([^\"]*)\"|`([^`]*)`)")
+
+// missingService returns the first service that the templates in a step's
+// settings (with, as JSON) name literally and env lacks, or nil. A name
+// computed at run time is found when the template runs.
+func missingService(with json.RawMessage, env *Env) *MissingServiceError {
+	if len(with) == 0 {
+		return nil
+	}
+	var v any
+	if json.Unmarshal(with, &v) != nil {
+		return nil
+	}
+	var found *MissingServiceError
+	var walk func(any)
+	walk = func(v any) {
+		switch x := v.(type) {
+		case string:
+			for _, m := range serviceCallRE.FindAllStringSubmatch(x, -1) {
+				name := m[1] + m[2]
+				if _, err := env.Service(name); err != nil && found == nil {
+					errors.As(err, &found)
+				}
+			}
+		case []any:
+			for _, e := range x {
+				walk(e)
+			}
+		case map[string]any:
+			keys := make([]string, 0, len(x))
+			for k := range x {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				walk(x[k])
+			}
+		}
+	}
+	walk(v)
+	return found
 }
 
 // ParseServices parses "name=url" pairs, as --service flags give them.

@@ -83,6 +83,10 @@ type preparedStep struct {
 	keyTemplate *template.Template // the step's idempotency_key, if any
 	err         error              // preparation failed: every attempt fails with it
 	missingKind bool               // this worker lacks the step's kind: hand the step back
+	// missingService is a service the step's settings name (service "x")
+	// that this worker was not given: the step is handed back before the
+	// ledger is touched.
+	missingService *MissingServiceError
 }
 
 // NewWorker returns a Worker. Errors name the bad field.
@@ -269,9 +273,10 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 		_ = m.NakWithDelay(time.Second)
 		return
 	}
-	if ps.missingKind {
-		// A custom worker beside engine serve's built-in one, say.
-		w.handBack(m, log, "this worker lacks the step's kind; handing the step back", "kind", ps.step.Kind)
+	if ps.missingKind || ps.missingService != nil {
+		// A custom worker beside engine serve's built-in one, say, or a
+		// worker started without the step's --service.
+		w.cannotRun(ctx, m, sm, ps, delivered, log)
 		return
 	}
 	if replayedPure && ps.step != nil && ps.def.EffectOf(ps.step) == schemas.EffectPure {
@@ -280,7 +285,10 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 	res, stale := w.run(ctx, m, ps, sm, delivered, log)
 	var missing *MissingServiceError
 	if res != nil && res.Error != nil && errors.As(res.Error, &missing) {
-		w.handBack(m, log, "this worker lacks a service the step needs; handing the step back", "service", missing.Name)
+		// A service name computed at run time.
+		named := *ps
+		named.missingService = missing
+		w.cannotRun(ctx, m, sm, &named, delivered, log)
 		return
 	}
 	switch stale {
@@ -591,6 +599,9 @@ func (w *Worker) prepare(ctx context.Context, hash, stepID string) (*preparedSte
 	default:
 		ps.runner, ps.err = kind.Prepare(&Prep{Definition: def, Step: ps.step, Index: idx, Env: w.cfg.Env})
 	}
+	if ps.err == nil {
+		ps.missingService = missingService(ps.step.With, w.cfg.Env)
+	}
 	if ps.err == nil && ps.step.IdempotencyKey != "" {
 		ps.keyTemplate, ps.err = parseTemplate(stepID+".idempotency_key", ps.step.IdempotencyKey, w.cfg.Env)
 	}
@@ -646,11 +657,39 @@ func (w *Worker) Stats() WorkerStats {
 		Redeliveries: c.redeliveries.Load(), Held: c.held.Load(), Published: c.published.Load(), Heartbeats: c.heartbeats.Load()}
 }
 
-// handBack gives a step this worker cannot perform (it lacks the kind or a
-// service) back to the pool, where another worker may have what it needs,
-// rather than failing it. A pool where none has it ends in the dead-letter
-// path after the work consumer's max deliveries.
-func (w *Worker) handBack(m jetstream.Msg, log *lazyLog, msg string, args ...any) {
-	log.Warn(msg, args...)
+// cannotRun hands back a step this worker lacks the kind or a service
+// for; on the step message's last delivery (the work consumer's max
+// deliveries) it reports the attempt failed instead, saying what no
+// worker of the pool had, so that the job does not end as a poison step.
+func (w *Worker) cannotRun(ctx context.Context, m jetstream.Msg, sm *schemas.StepMessage, ps *preparedStep, delivered uint64, log *lazyLog) {
+	what, code := "the step's kind "+strconv.Quote(ps.step.Kind), schemas.CodeUnknownKind
+	if !ps.missingKind {
+		what, code = "service "+strconv.Quote(ps.missingService.Name), schemas.CodeMissingService
+	}
+	if delivered < uint64(w.store.Config.WorkMaxDeliver) {
+		log.Warn("this worker lacks "+what+"; handing the step back for a worker that has it", "delivery", delivered)
+		w.handBackDelay(m)
+		return
+	}
+	msg := fmt.Sprintf("no worker of pool %s that took this step has %s (handed back %d times); ", w.cfg.Pool, what, delivered-1)
+	if ps.missingKind {
+		msg += fmt.Sprintf("run a worker that registers the kind (this one has: %v)", w.cfg.Registry.Names())
+	} else {
+		msg += ps.missingService.Error()
+	}
+	log.Error("no worker could run the step; reporting it failed", "reason", msg)
+	res := &schemas.StepResult{Job: sm.Job, Step: sm.Step, Attempt: sm.Attempt, Worker: w.cfg.ID,
+		Error: &schemas.Error{Code: code, Message: msg}}
+	if err := w.publishResult(ctx, res, m.Headers().Get(jetstream.MsgIDHeader)); err != nil {
+		_ = m.NakWithDelay(time.Second)
+		return
+	}
+	_ = m.Ack()
+}
+
+// handBackDelay gives a step this worker cannot perform (it lacks the
+// kind or a service) back to the pool, where another worker may have what
+// it needs, rather than failing it; see cannotRun.
+func (w *Worker) handBackDelay(m jetstream.Msg) {
 	_ = m.NakWithDelay(min(max(w.store.Config.WorkAckWait/6, 100*time.Millisecond), 5*time.Second))
 }

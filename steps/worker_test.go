@@ -749,6 +749,29 @@ func TestWorkerWithoutAServiceHandsTheStepBack(t *testing.T) {
 	}
 }
 
+// TestNoWorkerWithTheServiceFailsTheStepSayingWhy: when every delivery
+// reaches workers without the service, the last one reports the attempt
+// failed with code missing_service naming the flag to give, and the
+// effect ledger was never touched.
+func TestNoWorkerWithTheServiceFailsTheStepSayingWhy(t *testing.T) {
+	t.Parallel()
+	b := setupWorker(t, workerOptions{kv: kv.Config{WorkAckWait: time.Second, WorkMaxDeliver: 3}, noStart: true})
+	b.start(WorkerConfig{Env: &Env{Services: map[string]string{"other": "http://127.0.0.1:1"}}, ID: "without"})
+	b.send(schemas.StepMessage{Job: "job-nosvc", Step: "file", State: json.RawMessage(`{"title": "x"}`)})
+	res := b.result("job-nosvc")
+	if res.Error == nil || res.Error.Code != schemas.CodeMissingService || res.Error.Retryable ||
+		!strings.Contains(res.Error.Message, `service "tickets"`) || !strings.Contains(res.Error.Message, "--service tickets=URL") {
+		t.Fatalf("result %+v; want a missing_service failure naming the flag", res.Error)
+	}
+	n := 0
+	if err := b.store.Effects.List(context.Background(), func(kv.EffectEntry) bool { n++; return true }); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("%d effect records written for a step no worker could run", n)
+	}
+}
+
 // TestWorkerWithoutTheKindHandsTheStepBack: a worker that lacks the step's
 // kind (engine serve's built-in worker beside a custom one on the same
 // pool) gives the step back instead of failing the job; a worker with the
