@@ -178,12 +178,14 @@ const (
 var untrustedTagRE = regexp.MustCompile(`(?i)<(/?)\s*untrusted-data\s*>`)
 
 // templateFuncs are the functions step templates may call: json, untrusted,
-// service, secret, join, lower, upper, trim. None reads the clock, so
+// service, secret, join, lower, upper, trim, urlpart, raw. None reads the clock, so
 // rendering the same state twice gives the same text. secret is bound per
 // call (stepTemplate.execute); this one only refuses.
 func templateFuncs(env *Env) template.FuncMap {
 	return template.FuncMap{
-		"json": schemas.TemplateJSON,
+		"json":    schemas.TemplateJSON,
+		"urlpart": urlPart,
+		"raw":     func(v any) any { return v },
 		"untrusted": func(v any) string {
 			s, ok := v.(string)
 			if !ok {

@@ -92,7 +92,7 @@ func (httpKind) Prepare(p *Prep) (Runner, error) {
 			r.method = http.MethodGet
 		}
 	}
-	if r.url, err = parseSecretTemplate(p.Step.ID+".url", w.URL, p.Env); err != nil {
+	if r.url, err = parseURLTemplate(p.Step.ID+".url", w.URL, p.Env); err != nil {
 		return nil, err
 	}
 	for k, v := range w.Headers {
@@ -109,7 +109,7 @@ func (httpKind) Prepare(p *Prep) (Runner, error) {
 		if r.lookupMethod == "" {
 			r.lookupMethod = http.MethodGet
 		}
-		if r.lookupURL, err = parseSecretTemplate(p.Step.ID+".lookup.url", w.Lookup.URL, p.Env); err != nil {
+		if r.lookupURL, err = parseURLTemplate(p.Step.ID+".lookup.url", w.Lookup.URL, p.Env); err != nil {
 			return nil, err
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"reflect"
 	"strings"
 	"sync"
@@ -50,6 +51,10 @@ steps:
     with:
       url: '{{service "billing"}}/charge'
       body: '{}'
+  - id: search
+    kind: http
+    with:
+      url: '{{service "tickets"}}/search/{{.state.title}}?q={{.state.title}}&n={{.state.n}}{{if .state.path}}&p={{raw .state.path}}{{end}}'
   - id: typo
     kind: http
     with:
@@ -57,7 +62,7 @@ steps:
   - id: raw
     kind: http
     with:
-      url: 'http://127.0.0.1:1/{{.state.path}}?token=` + secret + `'
+      url: 'http://127.0.0.1:1/{{raw .state.path}}?token=` + secret + `'
       body: '{}'
 `
 
@@ -425,5 +430,33 @@ func TestRedactURL(t *testing.T) {
 		if got := redactURL(in); got != want {
 			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestHTTPURLValuesAreEscaped: values printed into a URL template are one
+// path segment or one query value whatever they hold; raw opts out.
+func TestHTTPURLValuesAreEscaped(t *testing.T) {
+	t.Parallel()
+	b := setupHTTP(t, replyJSON(200, `{}`))
+	title := "a&admin=true&d=0#frag/../x y?z=é"
+	state, _ := json.Marshal(map[string]any{"title": title, "n": 3, "path": "x&y"})
+	if _, err := b.run(t, context.Background(), "search", string(state)); err != nil {
+		t.Fatal(err)
+	}
+	reqs := b.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("%d requests, want 1", len(reqs))
+	}
+	r := reqs[0]
+	if r.Path != "/search/"+title {
+		t.Errorf("path = %q, want one segment holding the title", r.Path)
+	}
+	q, err := url.ParseQuery(r.RawQuery)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := url.Values{"q": {title}, "n": {"3"}, "p": {"x"}, "y": {""}}
+	if !reflect.DeepEqual(q, want) {
+		t.Errorf("query = %v (raw %q), want %v: the title one value, raw's value as it is", q, r.RawQuery, want)
 	}
 }

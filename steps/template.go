@@ -2,6 +2,7 @@ package steps
 
 import (
 	"fmt"
+	"strings"
 	"text/template"
 	"text/template/parse"
 )
@@ -193,4 +194,85 @@ func outputsJSON(n parse.Node) *parse.ActionNode {
 	}
 	walk(n)
 	return found
+}
+
+// urlPart percent-encodes everything but the unreserved characters of
+// RFC 3986 (section 2.3: letters, digits, '-', '.', '_', '~'), so a value
+// stands as one path segment or one query value, whatever it holds.
+func urlPart(v any) string {
+	s := fmt.Sprint(v)
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '-', c == '.', c == '_', c == '~':
+			b.WriteByte(c)
+		default:
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return b.String()
+}
+
+// urlPartCmd is the command "urlpart" of a pipeline, to append to others.
+var urlPartCmd = func() *parse.CommandNode {
+	t := template.Must(template.New("urlpart").Funcs(template.FuncMap{"urlpart": urlPart}).Parse("{{. | urlpart}}"))
+	return t.Tree.Root.Nodes[0].(*parse.ActionNode).Pipe.Cmds[1]
+}()
+
+// escapeURLActions makes every value a URL template prints go through
+// urlpart, so that data cannot add a query parameter, a fragment or a path
+// segment: {{.state.title}} with "a&admin=1" prints "a%26admin%3D1". The
+// base URL from service, values piped into raw (the template's author
+// vouches for them) and urlquery's output print as they are.
+func escapeURLActions(t *template.Template) {
+	var walk func(parse.Node)
+	walk = func(n parse.Node) {
+		switch n := n.(type) {
+		case *parse.ListNode:
+			if n == nil {
+				return
+			}
+			for _, c := range n.Nodes {
+				walk(c)
+			}
+		case *parse.ActionNode:
+			p := n.Pipe
+			if p == nil || len(p.Decl) > 0 || len(p.Cmds) == 0 {
+				return
+			}
+			if id, ok := p.Cmds[len(p.Cmds)-1].Args[0].(*parse.IdentifierNode); ok {
+				switch id.Ident {
+				case "service", "raw", "urlquery", "urlpart":
+					return
+				}
+			}
+			p.Cmds = append(p.Cmds, urlPartCmd)
+		case *parse.IfNode:
+			walk(n.List)
+			walk(n.ElseList)
+		case *parse.RangeNode:
+			walk(n.List)
+			walk(n.ElseList)
+		case *parse.WithNode:
+			walk(n.List)
+			walk(n.ElseList)
+		}
+	}
+	for _, tt := range t.Templates() {
+		if tt.Tree != nil {
+			walk(tt.Tree.Root)
+		}
+	}
+}
+
+// parseURLTemplate is parseSecretTemplate for a URL: every value it prints
+// is escaped (escapeURLActions).
+func parseURLTemplate(name, text string, env *Env) (*stepTemplate, error) {
+	st, err := parseSecretTemplate(name, text, env)
+	if err != nil {
+		return nil, err
+	}
+	escapeURLActions(st.t)
+	return st, nil
 }
