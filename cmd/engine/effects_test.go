@@ -682,6 +682,19 @@ func TestEffectsCLI(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &again) != nil || again.State != schemas.EffectReconciled || again.ExternalID != "msg_000001" {
 		t.Errorf("resolving again: exit %d: %s%s", code, out, errOut)
 	}
+	// Another decision on a decided effect is refused, and changes nothing.
+	for name, args := range map[string][]string{
+		"the other way":       {"--not-happened"},
+		"another external id": {"--happened", "--external-id", "msg_999"},
+	} {
+		_, errOut, code := effCLI(t, url, append([]string{"effects", "resolve", key, "--by", "ops"}, args...)...)
+		if code != 2 || !strings.Contains(errOut, "already decided it happened") {
+			t.Errorf("resolving %s: exit %d: %s; want exit 2 saying it was decided", name, code, errOut)
+		}
+	}
+	if rec := b.record(key); rec.ExternalID != "msg_000001" || rec.Happened == nil || !*rec.Happened {
+		t.Errorf("refused decisions changed the record: %+v", rec)
+	}
 
 	// The mail service fails its next request with 503: nobody knows.
 	b.svc[demo.NameMail].Service.FailNext(1)

@@ -669,6 +669,11 @@ func (c *Client) ResolveEffect(ctx context.Context, key string, r schemas.Effect
 			return nil, fmt.Errorf("resolve effect %s: %s already decided it %s: %w", key, rec.ReconciledBy,
 				map[bool]string{true: "happened", false: "did not happen"}[*rec.Happened], schemas.ErrConflict)
 		}
+		if r.Happened && ((r.ExternalID != "" && r.ExternalID != rec.ExternalID) ||
+			(len(r.Result) > 0 && schemas.Digest(r.Result) != rec.ResultDigest)) {
+			return nil, fmt.Errorf("resolve effect %s: %s already decided it happened, with external id %q and result digest %s; another external id or result is not recorded: %w",
+				key, rec.ReconciledBy, rec.ExternalID, rec.ResultDigest, schemas.ErrConflict)
+		}
 		// Decided already, the same way: tell the jobs again (dedup ids make
 		// it harmless), which also finishes a resolution whose signal was lost.
 		resumed, _, err := c.waiting(ctx, &rec)

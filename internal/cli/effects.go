@@ -101,7 +101,7 @@ ledger and the job's history, and the job waiting on the effect resumes.`,
 				got, err := c.ResolveEffect(cmd.Context(), args[0], res)
 				switch {
 				case errors.Is(err, schemas.ErrNotFound), errors.Is(err, client.ErrNotAmbiguous), errors.Is(err, schemas.ErrInputInvalid),
-					errors.Is(err, client.ErrNothingToResume):
+					errors.Is(err, client.ErrNothingToResume), errors.Is(err, schemas.ErrConflict), errors.Is(err, schemas.ErrTooLarge):
 					return &ExitError{Code: 2, Err: err}
 				case err != nil:
 					return err
