@@ -69,6 +69,29 @@ func TestStartRefusesInputsThatCannotFit(t *testing.T) {
 	}
 }
 
+// TestHTMLTextCostsItsSize: '<', '>' and '&' are stored and sent as one
+// byte each (no \u003c escapes), so a 400 KB input of HTML starts and
+// runs, and a step output of HTML is stored at its size.
+func TestHTMLTextCostsItsSize(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	html := strings.Repeat("<p>&</p>", 50_000) // 400,000 bytes; 1.65 MB escaped
+	b.worker(func(sm *schemas.StepMessage) (json.RawMessage, *schemas.Error) {
+		out, _ := schemas.Marshal(map[string]string{"html": html[:1000]})
+		return out, nil
+	})
+	def := b.define(threeSteps)
+	input, _ := schemas.Marshal(map[string]any{"n": 1, "page": html})
+	id := b.start(def, string(input), "html")
+	v := b.wait(id)
+	if v.Status != schemas.JobCompleted {
+		t.Fatalf("job with %d bytes of HTML: %s (%v), want completed", len(input), v.Status, v.Error)
+	}
+	if strings.Contains(string(v.State), `\u003c`) || !strings.Contains(string(v.State), "<p>&</p>") {
+		t.Errorf("state holds escaped HTML: %.200s", v.State)
+	}
+}
+
 // TestStartSizeFollowsTheLayout checks each bound CheckStartSize names
 // against a layout with a small checkpoint limit and one with a small
 // message limit.

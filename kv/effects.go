@@ -67,7 +67,7 @@ func (e *Effects) write(ctx context.Context, r *schemas.EffectRecord, rev uint64
 	if !validKey(r.Key) {
 		return 0, fmt.Errorf("write effect %q: %w", r.Key, jetstream.ErrInvalidKey)
 	}
-	data, err := json.Marshal(r)
+	data, err := schemas.Marshal(r)
 	if err != nil {
 		return 0, fmt.Errorf("encode effect %s: %w", r.Key, err)
 	}

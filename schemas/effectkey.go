@@ -99,11 +99,20 @@ func checkEffectKeys(d *Definition) []Problem {
 // compact JSON without HTML escaping and without a trailing newline.
 // It returns the encoder's error for a value JSON cannot hold.
 func TemplateJSON(v any) (string, error) {
+	b, err := Marshal(v)
+	return string(b), err
+}
+
+// Marshal is json.Marshal without HTML escaping: '<', '>' and '&' stay one
+// byte each instead of six (\u003c), so that text holding HTML is not
+// stored, sent and limited at six times its size. It returns the
+// encoder's error for a value JSON cannot hold.
+func Marshal(v any) ([]byte, error) {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(v); err != nil {
-		return "", err
+		return nil, err
 	}
-	return strings.TrimRight(b.String(), "\n"), nil
+	return bytes.TrimRight(b.Bytes(), "\n"), nil
 }

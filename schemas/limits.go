@@ -58,7 +58,7 @@ func CheckStartSize(def *Definition, req *StartRequest, pending *Checkpoint, lim
 	first := firstCheckpoint(def, pending)
 	cpSize := len(first.AppendJSON(nil)) + startSlack
 	histSize := len(AppendHistoryBatch(nil, strings.Repeat("x", 64), pending.JobID, first.Seq, first.Events)) + startSlack
-	reqData, err := json.Marshal(req)
+	reqData, err := Marshal(req)
 	if err != nil {
 		return Errorf(CodeInputInvalid, "encode start request of job %s: %v", pending.JobID, err)
 	}

@@ -471,7 +471,7 @@ func encodeOutput(out any) (json.RawMessage, error) {
 		}
 		return json.RawMessage(v), nil
 	}
-	b, err := json.Marshal(out)
+	b, err := schemas.Marshal(out)
 	if err != nil {
 		return nil, fmt.Errorf("encode output: %w", err)
 	}

@@ -217,7 +217,7 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 			return StartResult{}, fmt.Errorf("start job %s: stored, but not indexed (engines will not watch it until it is): %w", id, err)
 		}
 	}
-	data, err := json.Marshal(req)
+	data, err := schemas.Marshal(req)
 	if err != nil {
 		return StartResult{}, fmt.Errorf("start job %s: %w", id, err)
 	}
