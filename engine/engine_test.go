@@ -518,6 +518,9 @@ func TestStartingAnExistingIDAttaches(t *testing.T) {
 	if !res.Attached || res.Mismatch == "" || !errors.Is(err, schemas.ErrConflict) {
 		t.Errorf("start with other input = %+v, %v; want attached with a mismatch note and ErrConflict", res, err)
 	}
+	// Counters are added when a batch settles, which may come after the
+	// job's later transitions (acknowledgements are awaited off the lane).
+	testsupport.Eventually(t, 10*time.Second, func() bool { return b.engine.Stats().JobsStarted >= 1 }, "the start was never counted")
 	if got := b.engine.Stats().JobsStarted; got != 1 {
 		t.Errorf("jobs started = %d, want 1", got)
 	}

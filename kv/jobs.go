@@ -420,8 +420,12 @@ func (j *Jobs) readRange(ctx context.Context, subjects []string, lo, hi uint64) 
 	pending := info.NumPending
 	var out []IndexEntry
 	prefix := "$KV." + j.names.JobsBucket + "."
+	// Fetches end with this context: one left waiting for messages past hi
+	// would otherwise outlive the call until its expiry.
+	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	for pending > 0 {
-		batch, err := cons.Fetch(int(min(pending, 256)), jetstream.FetchMaxWait(5*time.Second))
+		batch, err := cons.Fetch(int(min(pending, 256)), jetstream.FetchContext(fctx))
 		if err != nil {
 			return nil, fmt.Errorf("list jobs: %w", err)
 		}

@@ -215,21 +215,41 @@ func (c *Cluster) Shutdown() {
 func (c *Cluster) WaitReady(t testing.TB, timeout time.Duration) {
 	t.Helper()
 	Eventually(t, timeout, func() bool {
-		leaders := 0
+		var leader *server.Server
+		running := 0
 		for _, n := range c.Nodes() {
 			srv := c.Server(n)
 			if srv == nil {
 				continue
 			}
+			running++
 			if !srv.JetStreamIsCurrent() {
 				return false
 			}
 			if srv.JetStreamIsLeader() {
-				leaders++
+				if leader != nil {
+					return false
+				}
+				leader = srv
 			}
 		}
-		return leaders == 1
-	}, "cluster %s: no JetStream metadata leader with every node current", c.Name)
+		if leader == nil {
+			return false
+		}
+		// The leader must see every other running node online and caught
+		// up, or placing a replicated stream fails with "peer offline".
+		jsz, err := leader.Jsz(nil)
+		if err != nil || jsz.Meta == nil {
+			return false
+		}
+		online := 0
+		for _, p := range jsz.Meta.Replicas {
+			if p.Current && !p.Offline {
+				online++
+			}
+		}
+		return online >= running-1
+	}, "cluster %s: no JetStream metadata leader that sees every running node current", c.Name)
 }
 
 // Conn opens a client connection to the cluster (every node's URL, with
