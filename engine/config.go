@@ -75,8 +75,9 @@ type Config struct {
 	// SoleEngine says this engine is the only one serving its streams (the
 	// embedded server, whose data directory only one process can open).
 	// Then any job it takes over from an earlier engine process counts as
-	// resumed, even when nothing was in flight; with several engines only
-	// redelivered messages can tell a crash from a hand-over.
+	// resumed, even when nothing was in flight, unless that process
+	// stopped cleanly (it records so when Run returns); with several
+	// engines only redelivered messages can tell a crash from a hand-over.
 	SoleEngine bool
 	// OnWrite, when set, is called after every checkpoint write that
 	// succeeded, with the checkpoint written (do not modify it). It runs on

@@ -210,7 +210,7 @@ items:
 	if recovered == "" && republish && !changed {
 		recovered = "the inbox message that produced the last checkpoint came again: an engine died or stalled before finishing it"
 	}
-	if recovered == "" && e.cfg.SoleEngine && changed && p.base != nil && p.base.cp.Writer != "" && p.base.cp.Writer != e.incarnation && !p.base.cp.Status.Terminal() {
+	if recovered == "" && e.cfg.SoleEngine && changed && p.base != nil && p.base.cp.Writer != "" && p.base.cp.Writer != e.incarnation && !e.cleanStops[p.base.cp.Writer] && !p.base.cp.Status.Terminal() {
 		recovered = "a new engine process took the job over from its checkpoint"
 	}
 	// One crash can leave several of a job's messages to be delivered

@@ -39,6 +39,11 @@ type Engine struct {
 	// its definition, a quarantined checkpoint).
 	quiet *quietLog
 
+	// cleanStops holds the incarnations of earlier engine processes that
+	// stopped cleanly (SoleEngine): taking a job over from one is no
+	// recovery. Set before the lanes start, read only.
+	cleanStops map[string]bool
+
 	// beforeWrite, when set (tests), runs after a transition is decided
 	// and before its checkpoint write is sent.
 	beforeWrite func(job string)
@@ -68,6 +73,16 @@ func New(cfg Config) (*Engine, error) {
 // or to the next Run. Errors: the inbox consumer could not be opened.
 func (e *Engine) Run(ctx context.Context) error {
 	e.ctr.started.Store(e.cfg.Now().UnixNano())
+	if e.cfg.SoleEngine {
+		stops, err := e.store.CleanStops(ctx)
+		if err != nil {
+			e.log.Warn("cannot read which engines stopped cleanly; jobs taken over from them count as resumed", "err", err)
+		}
+		e.cleanStops = make(map[string]bool, len(stops))
+		for _, s := range stops {
+			e.cleanStops[s] = true
+		}
+	}
 	cons, err := e.store.EngineConsumer(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -198,6 +213,15 @@ func (e *Engine) Run(ctx context.Context) error {
 		close(ch)
 	}
 	wg.Wait()
+	if e.cfg.SoleEngine {
+		// Every batch in hand is settled: the next process takes nothing
+		// over from this one that a crash left.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		if err := e.store.RecordCleanStop(sctx, e.incarnation); err != nil {
+			e.log.Warn("could not record this clean stop; the next engine counts the jobs it takes over as resumed", "err", err)
+		}
+	}
 	return nil
 }
 

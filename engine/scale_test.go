@@ -798,3 +798,79 @@ func TestPanicInADecisionIsContained(t *testing.T) {
 		t.Fatalf("the job whose decision panicked: %s", v.Status)
 	}
 }
+
+// TestCleanRestartIsNoResume: with SoleEngine (the embedded server), a job
+// a new engine process takes over from one that stopped cleanly is not
+// resumed; from one that left no record of a clean stop (killed), it is.
+func TestCleanRestartIsNoResume(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{noEngine: true})
+	ctx := context.Background()
+	run := func() (stop func()) {
+		e, err := New(Config{Store: b.store, SoleEngine: true, ReconcileInterval: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if err := e.Run(rctx); err != nil {
+				t.Errorf("engine run: %v", err)
+			}
+		}()
+		stopped := false
+		stop = func() {
+			if !stopped {
+				stopped = true
+				cancel()
+				<-done
+			}
+		}
+		t.Cleanup(stop)
+		return stop
+	}
+	// Two steps on a pool no worker serves: the test answers them.
+	def := b.define("name: two\nversion: 1\nsteps:\n  - {id: a, kind: noop, pool: idle, next: [{to: b}]}\n  - {id: b, kind: noop, pool: idle}\n")
+	waitStep := func(id, step string) {
+		testsupport.Eventually(t, 10*time.Second, func() bool {
+			ent, err := b.store.Checkpoints.Get(ctx, id)
+			return err == nil && ent.Checkpoint.Current != nil && ent.Checkpoint.Current.Step == step
+		}, "job %s never dispatched %s", id, step)
+	}
+	resumes := func(id string) int {
+		ent, err := b.store.Checkpoints.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ent.Checkpoint.ResumeCount
+	}
+
+	stop := run()
+	clean := b.start(def, `{}`, "clean")
+	killed := b.start(def, `{}`, "killed")
+	waitStep(clean, "a")
+	waitStep(killed, "a")
+	stop()
+	stop = run()
+	b.publishResultFor(t, clean)
+	waitStep(clean, "b")
+	if n := resumes(clean); n != 0 {
+		t.Errorf("after a clean restart: resume_count %d, want 0", n)
+	}
+	stop()
+	// The next stop leaves no record, as a killed process would not.
+	defs, err := b.store.JS.KeyValue(ctx, b.store.Names.DefinitionBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := defs.Purge(ctx, "meta.clean_stops"); err != nil {
+		t.Fatal(err)
+	}
+	run()
+	b.publishResultFor(t, killed)
+	waitStep(killed, "b")
+	if n := resumes(killed); n != 1 {
+		t.Errorf("after a takeover from a process that did not stop cleanly: resume_count %d, want 1", n)
+	}
+}
