@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -643,6 +644,15 @@ func TestEffectsCLI(t *testing.T) {
 	out, _, code = effCLI(t, url, "effects", "list", "--job", happenedJob)
 	if code != 0 || !strings.Contains(out, "KEY") || strings.Count(out, happenedJob+"/") != 3 || !strings.Contains(out, "ambiguous") {
 		t.Errorf("effects list (text): exit %d:\n%s", code, out)
+	}
+	// What a person must decide is in the text status and the listing.
+	out, _, code = effCLI(t, url, "status", happenedJob)
+	if code != 0 || !strings.Contains(out, "waits on  effect "+key+" of step notify (unsafe)") || !strings.Contains(out, "engine effects resolve "+key) {
+		t.Errorf("status (text) of a job needing reconciliation: exit %d:\n%s", code, out)
+	}
+	out, _, code = effCLI(t, url, "list", "--status", "needs_reconciliation")
+	if code != 0 || !regexp.MustCompile(happenedJob+`\s+\S+\s+needs_reconciliation\s+notify\s`).MatchString(out) {
+		t.Errorf("list --status needs_reconciliation: exit %d; want the job with its step:\n%s", code, out)
 	}
 
 	for _, tc := range []struct {

@@ -97,8 +97,11 @@ func NewJobView(cp *schemas.Checkpoint, def *schemas.Definition) *JobView {
 func summarize(cp *schemas.Checkpoint) JobSummary {
 	s := JobSummary{ID: cp.JobID, Workflow: cp.Workflow, Version: cp.Version, Status: cp.Status,
 		ResumeCount: cp.ResumeCount, Error: cp.Error, CreatedAt: cp.CreatedAt, UpdatedAt: cp.UpdatedAt}
-	if cp.Current != nil {
+	switch {
+	case cp.Current != nil:
 		s.CurrentStep = cp.Current.Step
+	case cp.Blocked != nil:
+		s.CurrentStep = cp.Blocked.Step // the step whose effect waits for a decision
 	}
 	return s
 }

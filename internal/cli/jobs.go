@@ -140,6 +140,21 @@ func printView(w io.Writer, v *client.JobView) {
 	if v.Error != nil {
 		fmt.Fprintf(w, "error     %s\n", v.Error.Error())
 	}
+	if b := v.Blocked; b != nil {
+		// What a person must decide: the effect, its key and class.
+		fmt.Fprintf(w, "waits on  effect %s of step %s (%s)", b.EffectKey, b.Step, b.Class)
+		if b.Reason != "" {
+			fmt.Fprintf(w, ": %s", oneLine(b.Reason, 200))
+		}
+		fmt.Fprintln(w)
+		if b.LastError != nil {
+			fmt.Fprintf(w, "          last error: %s\n", oneLine(b.LastError.Error(), 200))
+		}
+		fmt.Fprintf(w, "          settle it: engine effects resolve %s --happened|--not-happened\n", b.EffectKey)
+	}
+	if v.BlockedReason != "" {
+		fmt.Fprintf(w, "blocked   %s\n", oneLine(v.BlockedReason, 300))
+	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "\nSTEP\tKIND\tSTATUS\tATTEMPTS\tLAST")
 	for _, s := range v.Steps {
