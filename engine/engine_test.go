@@ -548,6 +548,35 @@ func TestQuarantinedCheckpointIsNeverOverwritten(t *testing.T) {
 	}
 }
 
+// TestHistoryOfAQuarantinedJob: the history of a job whose checkpoint no
+// longer decodes is what the stream holds, for the person fixing it.
+func TestHistoryOfAQuarantinedJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	b.worker(echo)
+	ctx := context.Background()
+	id := b.start(b.define(threeSteps), `{"n": 1}`, "spoilt")
+	b.wait(id)
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		seq, err := b.store.History.LastSeq(ctx, id)
+		return err == nil && seq > 0
+	}, "no history stored")
+	kvb, err := b.store.JS.KeyValue(ctx, b.store.Names.CheckpointBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kvb.Put(ctx, id, []byte(`{"schema": 1, "id": "spoilt", `)); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := b.client.History(ctx, id)
+	if err != nil || len(evs) == 0 || evs[0].Type != schemas.EventJobStarted {
+		t.Fatalf("history of a quarantined job: %d events, %v; want the stream's, from job.started", len(evs), err)
+	}
+	if _, err := b.client.History(ctx, "never-ran"); err != nil {
+		t.Errorf("history of an unknown job: %v, want none and no error", err)
+	}
+}
+
 func TestReconcilerDeclaresALostAttemptAndRetries(t *testing.T) {
 	t.Parallel()
 	var clock atomic.Int64

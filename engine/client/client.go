@@ -389,7 +389,7 @@ func (c *Client) summary(ctx context.Context, e kv.IndexEntry) (JobSummary, bool
 		return JobSummary{}, false, nil
 	case errors.Is(err, schemas.ErrQuarantined):
 		return JobSummary{ID: e.Job, Workflow: e.Workflow, Version: e.Version, Status: schemas.JobQuarantined, Error: schemas.AsError(err),
-			CreatedAt: e.CreatedAt}, true, nil
+			CreatedAt: e.CreatedAt, UpdatedAt: e.CreatedAt}, true, nil
 	case err != nil:
 		return JobSummary{}, false, err
 	}
@@ -405,7 +405,8 @@ func derefTime(t *time.Time) time.Time {
 
 // History returns job id's history events in the order they happened:
 // those in the history stream and those its checkpoint still holds (see
-// Config.HistoryBatch).
+// Config.HistoryBatch). For a quarantined job it returns the stream's
+// events, or schemas.ErrQuarantined when the stream holds none.
 func (c *Client) History(ctx context.Context, id string) ([]schemas.HistoryEvent, error) {
 	var out []schemas.HistoryEvent
 	seen := map[string]bool{}
@@ -420,6 +421,11 @@ func (c *Client) History(ctx context.Context, id string) ([]schemas.HistoryEvent
 	ent, err := c.store.Checkpoints.Get(ctx, id)
 	if err != nil {
 		if errors.Is(err, schemas.ErrNotFound) {
+			return out, nil
+		}
+		if errors.Is(err, schemas.ErrQuarantined) && len(out) > 0 {
+			// What the stream holds is what a person fixing it needs; the
+			// checkpoint's outbox cannot be read.
 			return out, nil
 		}
 		return nil, err
