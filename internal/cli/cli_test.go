@@ -579,3 +579,23 @@ steps:
 		t.Errorf("mail called %d times, want once", n)
 	}
 }
+
+// TestEmbeddedFlagsWinOverNATSURL: with NATS_URL exported, giving the
+// embedded server's flags uses the embedded server (flags win over the
+// environment) and says so; with --nats-url given too, it is an error.
+func TestEmbeddedFlagsWinOverNATSURL(t *testing.T) {
+	t.Setenv("NATS_URL", "nats://127.0.0.1:1")
+	dir := t.TempDir()
+	out, errOut, code := execute(t, "run", repo("examples/quickstart/workflow.yaml"),
+		"--input", repo("examples/quickstart/input.json"), "--data-dir", dir, "--sync", "interval", "--model-mode", "replay")
+	if code != 0 || !strings.Contains(out, "completed") {
+		t.Fatalf("run with NATS_URL set and --data-dir: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if !strings.Contains(errOut, "flags win: using the embedded server") {
+		t.Errorf("no warning that NATS_URL was set aside:\n%s", errOut)
+	}
+	_, errOut, code = execute(t, "serve", "--nats-url", "nats://127.0.0.1:1", "--data-dir", dir)
+	if code != 2 || !strings.Contains(errOut, "--nats-url and --data-dir both given") {
+		t.Errorf("serve --nats-url --data-dir: exit %d, want 2 saying both were given:\n%s", code, errOut)
+	}
+}

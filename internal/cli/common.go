@@ -122,6 +122,32 @@ func (e *embeddedFlags) validate() error {
 	return nil
 }
 
+// chooseServer settles between the server NATS_URL or --nats-url names
+// and the embedded one, when flags of the embedded server are given too:
+// with --nats-url that is an error (say which); with NATS_URL the flags
+// win, as flags win over the environment everywhere, and the log says so.
+func (e *embeddedFlags) chooseServer(g *globals, log *slog.Logger) error {
+	if g.natsURL == "" {
+		return nil
+	}
+	var given []string
+	for _, name := range []string{"data-dir", "listen", "max-store", "sync", "sync-interval"} {
+		if f := e.flags.Lookup(name); f != nil && f.Changed {
+			given = append(given, "--"+name)
+		}
+	}
+	if len(given) == 0 {
+		return nil
+	}
+	if g.flags.Changed("nats-url") {
+		return fmt.Errorf("--nats-url and %s both given: %s set up the embedded server, which --nats-url replaces; drop one", strings.Join(given, ", "), strings.Join(given, ", "))
+	}
+	log.Warn("NATS_URL is set, but flags of the embedded server are given; flags win: using the embedded server",
+		"NATS_URL", g.natsURL, "flags", strings.Join(given, ", "))
+	g.natsURL = ""
+	return nil
+}
+
 func (e *embeddedFlags) start(listen string, log *slog.Logger) (*natsserver.Server, error) {
 	return natsserver.Start(natsserver.Config{
 		DataDir: e.dataDir, Listen: listen, Sync: e.sync, SyncInterval: e.syncInterval,

@@ -283,11 +283,14 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 	if f.workers < 0 {
 		return &ExitError{Code: 2, Err: fmt.Errorf("--workers %d: want 0 or more", f.workers)}
 	}
-	if f.workers == 0 && g.natsURL == "" {
-		return &ExitError{Code: 2, Err: errors.New("--workers 0 on the embedded server: no worker could reach it, so the job would wait forever; use engine serve for separate workers")}
-	}
 	if err := f.embedded.validate(); err != nil {
 		return &ExitError{Code: 2, Err: err}
+	}
+	if err := f.embedded.chooseServer(g, log); err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
+	if f.workers == 0 && g.natsURL == "" {
+		return &ExitError{Code: 2, Err: errors.New("--workers 0 on the embedded server: no worker could reach it, so the job would wait forever; use engine serve for separate workers")}
 	}
 	if _, err := g.kvConfig(kv.Config{}); err != nil {
 		return err // a bad WAYMARK_* value, reported before any server starts

@@ -71,6 +71,9 @@ func serve(ctx context.Context, g *globals, f *serveFlags) error {
 	if err := f.embedded.validate(); err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}
+	if err := f.embedded.chooseServer(g, log); err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
 	if f.workers < 0 {
 		return &ExitError{Code: 2, Err: fmt.Errorf("--workers %d: want 0 or more", f.workers)}
 	}
