@@ -322,6 +322,9 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 	if err := w.publishResult(ctx, res, m.Headers().Get(jetstream.MsgIDHeader)); err != nil {
 		if kv.IsStorageFull(err) {
 			w.ctr.storageFull.Add(1)
+			log.Warn("JetStream storage is full: the result could not be published; the step runs again on redelivery once space is freed", "err", err)
+			_ = m.NakWithDelay(time.Second)
+			return
 		}
 		log.Error("result not published; the step will run again on redelivery", "err", err)
 		_ = m.NakWithDelay(time.Second)

@@ -164,7 +164,7 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 	}
 	if _, done := c.stored.Load(def.Hash); !done {
 		if err := c.store.Definitions.Put(ctx, def); err != nil {
-			return StartResult{}, fmt.Errorf("start job %s: %w", id, err)
+			return StartResult{}, fmt.Errorf("start job %s%s: %w", id, storageFullNote(err), err)
 		}
 		c.stored.Store(def.Hash, true)
 	}
@@ -187,7 +187,7 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 		rev, err = got.Revision, nil
 	}
 	if err != nil {
-		return StartResult{}, fmt.Errorf("start job %s: %w", id, err)
+		return StartResult{}, fmt.Errorf("start job %s%s: %w", id, storageFullNote(err), err)
 	}
 	cp.IndexRev = rev
 	// The start request's dedup id names this creation of the job, so that
@@ -207,7 +207,7 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 		}
 		return c.attach(ctx, id, def, input)
 	} else if err != nil {
-		return StartResult{}, fmt.Errorf("start job %s: %w", id, err)
+		return StartResult{}, fmt.Errorf("start job %s%s: %w", id, storageFullNote(err), err)
 	}
 	if rev == 0 {
 		// Another start of this id created the index entry and is still on
@@ -226,7 +226,7 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 	m.Header.Set(jetstream.MsgIDHeader, startID)
 	if _, err := c.store.JS.PublishMsg(ctx, m); err != nil {
 		// The job is stored and will be started by the reconciler.
-		return res, fmt.Errorf("start job %s: stored, but the start request was not published (an engine starts it within its reconcile interval): %w", id, err)
+		return res, fmt.Errorf("start job %s: stored, but the start request was not published%s (an engine starts it within its reconcile interval): %w", id, storageFullNote(err), err)
 	}
 	return res, nil
 }
@@ -778,4 +778,12 @@ func (c *Client) announceResolution(ctx context.Context, rec *schemas.EffectReco
 		}
 	}
 	return nil
+}
+
+// storageFullNote names the cause of err when JetStream's storage is full.
+func storageFullNote(err error) string {
+	if kv.IsStorageFull(err) {
+		return " because JetStream's storage is full (free space or raise the limit: engine serve --max-store, or the server's max_file_store)"
+	}
+	return ""
 }
