@@ -135,6 +135,24 @@ func withoutCode(msg string, err error, code schemas.Code) string {
 	return strings.Replace(msg, string(code)+": ", "", 1)
 }
 
+// decodeStrict decodes a request body of one JSON object into v: unknown
+// fields, anything after the object and a byte order mark are refused
+// (schemas.ErrInputInvalid naming which).
+func decodeStrict(data []byte, v any) error {
+	if bytes.HasPrefix(data, []byte("\xef\xbb\xbf")) {
+		return badRequest("request body: starts with a UTF-8 byte order mark; send the JSON without it")
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return badRequest("request body: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return badRequest("request body: more follows the JSON object at byte %d; send one object", dec.InputOffset())
+	}
+	return nil
+}
+
 func badRequest(format string, args ...any) error {
 	return schemas.Errorf(schemas.CodeInputInvalid, format, args...)
 }
@@ -186,10 +204,8 @@ func (a *API) startJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req StartJobRequest
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		a.fail(w, r, badRequest("request body: %v", err))
+	if err := decodeStrict(data, &req); err != nil {
+		a.fail(w, r, err)
 		return
 	}
 	if err := schemas.CheckJSONText(data); err != nil {
@@ -356,10 +372,8 @@ func (a *API) resolveEffect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req ResolveEffectRequest
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		a.fail(w, r, badRequest("request body: %v", err))
+	if err := decodeStrict(data, &req); err != nil {
+		a.fail(w, r, err)
 		return
 	}
 	if req.Key == "" {

@@ -148,19 +148,28 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 	if len(bytes.TrimSpace(input)) == 0 {
 		input = json.RawMessage("{}")
 	}
+	// Refusals of bad input name the job only when the caller named it: a
+	// generated id names nothing that exists.
+	refuse := func(err error) error {
+		named := *schemas.AsError(err) // a copy: its cause stays
+		named.Job = ""
+		if opts.JobID != "" {
+			named.Job = id
+		}
+		return &named
+	}
 	if err := schemas.CheckStartText(input, opts.Vars); err != nil {
-		return StartResult{}, fmt.Errorf("start job %s: %w", id, err)
+		return StartResult{}, refuse(err)
 	}
 	req := &schemas.StartRequest{JobID: id, DefinitionHash: def.Hash, Input: input, Vars: opts.Vars, RequestedAt: c.now().UTC()}
 	checked, err := schemas.CheckJobInput(input, v.input, v.state)
 	if err != nil {
-		e := schemas.AsError(err)
-		return StartResult{}, (&schemas.Error{Code: e.Code, Message: e.Message, Job: id}).WithCause(e.Unwrap())
+		return StartResult{}, refuse(err)
 	}
 	cp := schemas.NewPendingCheckpoint(def, req, checked, schemas.StartMsgID(id), c.now().UTC())
 	// Refuse here what the engine could not store or publish once it starts the job.
 	if err := schemas.CheckStartSize(def, req, cp, schemas.SizeLimits{MaxValueBytes: int(c.store.Config.MaxValueBytes), MaxMessageBytes: int(c.store.Config.MaxMessageBytes)}); err != nil {
-		return StartResult{}, fmt.Errorf("start job %s: %w", id, err)
+		return StartResult{}, refuse(err)
 	}
 	if _, done := c.stored.Load(def.Hash); !done {
 		if err := c.store.Definitions.Put(ctx, def); err != nil {

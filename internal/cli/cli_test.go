@@ -599,3 +599,17 @@ func TestEmbeddedFlagsWinOverNATSURL(t *testing.T) {
 		t.Errorf("serve --nats-url --data-dir: exit %d, want 2 saying both were given:\n%s", code, errOut)
 	}
 }
+
+// TestInputFileWithAByteOrderMark: a UTF-8 byte order mark an editor wrote
+// before the JSON is not part of the input.
+func TestInputFileWithAByteOrderMark(t *testing.T) {
+	t.Parallel()
+	p := filepath.Join(t.TempDir(), "input.json")
+	if err := os.WriteFile(p, []byte("\xef\xbb\xbf{\"title\": \"x\"}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := readInput(p, nil)
+	if err != nil || string(got) != `{"title": "x"}` {
+		t.Fatalf("readInput = %s, %v; want the JSON without the mark", got, err)
+	}
+}

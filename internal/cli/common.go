@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -191,6 +192,8 @@ func readInput(path string, stdin io.Reader) (json.RawMessage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read input %s: %w", path, err)
 	}
+	// A byte order mark some editors write is not part of the JSON.
+	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf"))
 	if _, err := schemas.DecodeJSON(data); err != nil {
 		var se *json.SyntaxError
 		off := int64(-1)
