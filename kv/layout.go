@@ -169,8 +169,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("kv config: max value bytes %d: want at least 1024", c.MaxValueBytes)
 	case c.MaxMessageBytes < 1024:
 		return fmt.Errorf("kv config: max message bytes %d: want at least 1024", c.MaxMessageBytes)
-	case c.HistoryMaxAge < 0:
-		return fmt.Errorf("kv config: history max age %v: want a positive duration, or 0 for no cap", c.HistoryMaxAge)
+	case c.HistoryMaxAge < 0 || (c.HistoryMaxAge > 0 && c.HistoryMaxAge < 100*time.Millisecond):
+		// JetStream refuses a stream max age under 100ms.
+		return fmt.Errorf("kv config: history max age %v: want 100ms or more, or 0 for no cap", c.HistoryMaxAge)
 	}
 	return nil
 }

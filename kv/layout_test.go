@@ -88,6 +88,7 @@ func TestConfigValidate(t *testing.T) {
 		{name: "tiny values", edit: func(c *kv.Config) { c.MaxValueBytes = 100 }, wantField: "max value bytes"},
 		{name: "tiny messages", edit: func(c *kv.Config) { c.MaxMessageBytes = 100 }, wantField: "max message bytes"},
 		{name: "negative history age", edit: func(c *kv.Config) { c.HistoryMaxAge = -time.Hour }, wantField: "history max age"},
+		{name: "history age below the server's minimum", edit: func(c *kv.Config) { c.HistoryMaxAge = time.Nanosecond }, wantField: "history max age 1ns: want 100ms or more,"},
 		{name: "negative duplicates window", edit: func(c *kv.Config) { c.Duplicates = -time.Minute }, wantField: "duplicates window"},
 		{name: "negative inbox ack wait", edit: func(c *kv.Config) { c.InboxAckWait = -time.Second }, wantField: "inbox ack wait"},
 		{name: "negative work ack wait", edit: func(c *kv.Config) { c.WorkAckWait = -time.Second }, wantField: "work ack wait"},

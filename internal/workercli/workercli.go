@@ -111,6 +111,7 @@ backoff and logging each retry.`,
 	sf.Bind(cmd)
 	cmd.SetOut(stdout)
 	cmd.SetErr(stderr)
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &cliflags.ExitError{Code: 2, Err: err} })
 	return cmd
 }
 
