@@ -408,6 +408,12 @@ func TestListPagesNewestFirst(t *testing.T) {
 		}
 		id := b.start(def, input, fmt.Sprintf("done-%02d", i))
 		b.wait(id)
+		// Indexed as finished before the next one starts: the index is
+		// written just after the final checkpoint, off the lane.
+		testsupport.Eventually(t, 10*time.Second, func() bool {
+			_, err := b.store.Jobs.Get(ctx, kv.EndedKey(schemas.JobCompleted, def.Name, id))
+			return err == nil
+		}, "job %s never indexed as completed", id)
 		done = append(done, id)
 	}
 	var running []string
