@@ -164,36 +164,37 @@ func endsInJSON(p *parse.PipeNode) bool {
 // function's value, or nil.
 func outputsJSON(n parse.Node) *parse.ActionNode {
 	var found *parse.ActionNode
-	var walk func(parse.Node)
-	walk = func(n parse.Node) {
-		if found != nil {
+	walkActions(n, func(a *parse.ActionNode) {
+		if found == nil && len(a.Pipe.Decl) == 0 && endsInJSON(a.Pipe) {
+			found = a
+		}
+	})
+	return found
+}
+
+// walkActions calls fn for every action under n that prints (inside the
+// bodies of if, range and with too, not their conditions).
+func walkActions(n parse.Node, fn func(*parse.ActionNode)) {
+	switch n := n.(type) {
+	case *parse.ListNode:
+		if n == nil {
 			return
 		}
-		switch n := n.(type) {
-		case *parse.ListNode:
-			if n == nil {
-				return
-			}
-			for _, c := range n.Nodes {
-				walk(c)
-			}
-		case *parse.ActionNode:
-			if len(n.Pipe.Decl) == 0 && endsInJSON(n.Pipe) {
-				found = n
-			}
-		case *parse.IfNode:
-			walk(n.List)
-			walk(n.ElseList)
-		case *parse.RangeNode:
-			walk(n.List)
-			walk(n.ElseList)
-		case *parse.WithNode:
-			walk(n.List)
-			walk(n.ElseList)
+		for _, c := range n.Nodes {
+			walkActions(c, fn)
 		}
+	case *parse.ActionNode:
+		fn(n)
+	case *parse.IfNode:
+		walkActions(n.List, fn)
+		walkActions(n.ElseList, fn)
+	case *parse.RangeNode:
+		walkActions(n.List, fn)
+		walkActions(n.ElseList, fn)
+	case *parse.WithNode:
+		walkActions(n.List, fn)
+		walkActions(n.ElseList, fn)
 	}
-	walk(n)
-	return found
 }
 
 // urlPart percent-encodes everything but the unreserved characters of
@@ -226,42 +227,22 @@ var urlPartCmd = func() *parse.CommandNode {
 // base URL from service, values piped into raw (the template's author
 // vouches for them) and urlquery's output print as they are.
 func escapeURLActions(t *template.Template) {
-	var walk func(parse.Node)
-	walk = func(n parse.Node) {
-		switch n := n.(type) {
-		case *parse.ListNode:
-			if n == nil {
-				return
-			}
-			for _, c := range n.Nodes {
-				walk(c)
-			}
-		case *parse.ActionNode:
-			p := n.Pipe
-			if p == nil || len(p.Decl) > 0 || len(p.Cmds) == 0 {
-				return
-			}
-			if id, ok := p.Cmds[len(p.Cmds)-1].Args[0].(*parse.IdentifierNode); ok {
-				switch id.Ident {
-				case "service", "raw", "urlquery", "urlpart":
-					return
-				}
-			}
-			p.Cmds = append(p.Cmds, urlPartCmd)
-		case *parse.IfNode:
-			walk(n.List)
-			walk(n.ElseList)
-		case *parse.RangeNode:
-			walk(n.List)
-			walk(n.ElseList)
-		case *parse.WithNode:
-			walk(n.List)
-			walk(n.ElseList)
+	escape := func(n *parse.ActionNode) {
+		p := n.Pipe
+		if p == nil || len(p.Decl) > 0 || len(p.Cmds) == 0 {
+			return
 		}
+		if id, ok := p.Cmds[len(p.Cmds)-1].Args[0].(*parse.IdentifierNode); ok {
+			switch id.Ident {
+			case "service", "raw", "urlquery", "urlpart":
+				return
+			}
+		}
+		p.Cmds = append(p.Cmds, urlPartCmd)
 	}
 	for _, tt := range t.Templates() {
 		if tt.Tree != nil {
-			walk(tt.Tree.Root)
+			walkActions(tt.Tree.Root, escape)
 		}
 	}
 }
