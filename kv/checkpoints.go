@@ -24,6 +24,9 @@ type Checkpoints struct {
 	kv       jetstream.KeyValue
 	js       jetstream.JetStream
 	maxBytes int
+	// group commits the writes of every writer in this process as atomic
+	// batches (Config.GroupCommit); nil: each write goes alone.
+	group *groupCommit
 }
 
 // Entry is a decoded checkpoint with the KV revision it was read at.
@@ -139,6 +142,8 @@ type PendingWrite struct {
 	f    jetstream.PubAckFuture
 	kv   jetstream.KeyValue // for a create that met a delete or purge marker
 	data []byte
+	// gc: the write travels in a group commit.
+	gc *committed
 }
 
 // WriteAsync starts a compare-and-swap write of cp expecting revision rev
@@ -150,23 +155,50 @@ type PendingWrite struct {
 // revision travels as Nats-Expected-Last-Subject-Sequence (ADR-8, KV). A
 // job id that is not a valid KV key gives jetstream.ErrInvalidKey.
 func (c *Checkpoints) WriteAsync(cp *schemas.Checkpoint, rev uint64) (*PendingWrite, error) {
+	// The id becomes a subject token (prepare checks it): a wildcard would
+	// compare and write across other jobs' keys, an empty token is never
+	// answered.
+	w, err := c.prepare(cp, rev)
+	if err != nil {
+		return nil, err
+	}
+	if c.group != nil {
+		w.gc = c.group.add(c.message(w))
+		return w, nil
+	}
+	if w.f, err = c.js.PublishMsgAsync(c.message(w)); err != nil {
+		return nil, fmt.Errorf("write checkpoint %s: %w", cp.JobID, err)
+	}
+	return w, nil
+}
+
+// prepare encodes cp as a write that has not been sent yet.
+func (c *Checkpoints) prepare(cp *schemas.Checkpoint, rev uint64) (*PendingWrite, error) {
 	if !validKey(cp.JobID) {
-		// The id becomes a subject token: a wildcard would compare and
-		// write across other jobs' keys, an empty token is never answered.
 		return nil, fmt.Errorf("write checkpoint %q: %w", cp.JobID, jetstream.ErrInvalidKey)
 	}
 	data, err := c.Encode(cp)
 	if err != nil {
 		return nil, err
 	}
-	m := nats.NewMsg("$KV." + c.kv.Bucket() + "." + cp.JobID)
-	m.Data = data
-	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
-	f, err := c.js.PublishMsgAsync(m)
-	if err != nil {
-		return nil, fmt.Errorf("write checkpoint %s: %w", cp.JobID, err)
+	return &PendingWrite{job: cp.JobID, rev: rev, size: len(data), kv: c.kv, data: data}, nil
+}
+
+// message is w's stored form with its expected revision.
+func (c *Checkpoints) message(w *PendingWrite) *nats.Msg {
+	m := nats.NewMsg("$KV." + c.kv.Bucket() + "." + w.job)
+	m.Data = w.data
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(w.rev, 10))
+	return m
+}
+
+// GroupCommitCounts returns what the group committer has done (zero
+// without Config.GroupCommit).
+func (c *Checkpoints) GroupCommitCounts() GroupCommitCounts {
+	if c.group == nil {
+		return GroupCommitCounts{}
 	}
-	return &PendingWrite{job: cp.JobID, rev: rev, size: len(data), f: f, kv: c.kv, data: data}, nil
+	return c.group.counts()
 }
 
 // Wait blocks until the write is acknowledged or ctx ends, and returns the
@@ -175,37 +207,58 @@ func (c *Checkpoints) WriteAsync(cp *schemas.Checkpoint, rev uint64) (*PendingWr
 // leaves the outcome unknown: the write may or may not have
 // been stored, so the caller must reload before deciding again.
 func (p *PendingWrite) Wait(ctx context.Context) (uint64, error) {
-	select {
-	case ack := <-p.f.Ok():
-		return ack.Sequence, nil
-	case err := <-p.f.Err():
-		if isRevisionConflict(err) && p.rev == 0 {
-			// The key may hold a delete or purge marker (a job removed by a
-			// sweep) rather than a checkpoint: KeyValue.Create writes over
-			// a marker with a compare-and-swap on its revision, and
-			// reports a live key as existing.
-			rev, cerr := p.kv.Create(ctx, p.job, p.data)
-			if cerr == nil {
-				return rev, nil
-			}
-			err = cerr
+	var err error
+	if p.gc != nil {
+		select {
+		case <-p.gc.done:
+		case <-ctx.Done():
+			return 0, fmt.Errorf("write checkpoint %s: outcome unknown: %w", p.job, ctx.Err())
 		}
-		if isRevisionConflict(err) {
-			if p.rev == 0 {
-				return 0, schemas.Errorf(schemas.CodeConflict, "job %s already exists", p.job).WithCause(err)
-			}
-			return 0, schemas.Errorf(schemas.CodeConflict, "checkpoint %s changed since revision %d", p.job, p.rev).WithCause(err)
+		if p.gc.err == nil {
+			return p.gc.seq, nil
 		}
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum {
-			// A bucket made with a smaller limit than Encode checks: refused, so not stored.
-			return 0, (&schemas.Error{Code: schemas.CodeTooLarge, Job: p.job,
-				Message: fmt.Sprintf("checkpoint is %d bytes; the bucket refused it as over its limit", p.size)}).WithCause(err)
+		if p.gc.unknown {
+			return 0, fmt.Errorf("write checkpoint %s: outcome unknown: %w", p.job, p.gc.err)
 		}
-		return 0, fmt.Errorf("write checkpoint %s: outcome unknown: %w", p.job, err)
-	case <-ctx.Done():
-		return 0, fmt.Errorf("write checkpoint %s: outcome unknown: %w", p.job, ctx.Err())
+		err = p.gc.err
+	} else {
+		select {
+		case ack := <-p.f.Ok():
+			return ack.Sequence, nil
+		case err = <-p.f.Err():
+		case <-ctx.Done():
+			return 0, fmt.Errorf("write checkpoint %s: outcome unknown: %w", p.job, ctx.Err())
+		}
 	}
+	return p.refused(ctx, err)
+}
+
+// refused classifies the server's answer to a write it did not store.
+func (p *PendingWrite) refused(ctx context.Context, err error) (uint64, error) {
+	if isRevisionConflict(err) && p.rev == 0 {
+		// The key may hold a delete or purge marker (a job removed by a
+		// sweep) rather than a checkpoint: KeyValue.Create writes over
+		// a marker with a compare-and-swap on its revision, and
+		// reports a live key as existing.
+		rev, cerr := p.kv.Create(ctx, p.job, p.data)
+		if cerr == nil {
+			return rev, nil
+		}
+		err = cerr
+	}
+	if isRevisionConflict(err) {
+		if p.rev == 0 {
+			return 0, schemas.Errorf(schemas.CodeConflict, "job %s already exists", p.job).WithCause(err)
+		}
+		return 0, schemas.Errorf(schemas.CodeConflict, "checkpoint %s changed since revision %d", p.job, p.rev).WithCause(err)
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum {
+		// A bucket made with a smaller limit than Encode checks: refused, so not stored.
+		return 0, (&schemas.Error{Code: schemas.CodeTooLarge, Job: p.job,
+			Message: fmt.Sprintf("checkpoint is %d bytes; the bucket refused it as over its limit", p.size)}).WithCause(err)
+	}
+	return 0, fmt.Errorf("write checkpoint %s: outcome unknown: %w", p.job, err)
 }
 
 var validKeyRE = regexp.MustCompile(`^[-/_=.a-zA-Z0-9]+$`)

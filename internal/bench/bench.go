@@ -40,12 +40,15 @@ type Config struct {
 	Rounds      int    `json:"rounds"`        // rounds of each; medians are reported; default 1
 	// HistoryBatch and CacheBytes are the engine's (engine.Config); zero
 	// means its default, a negative CacheBytes no cache.
-	HistoryBatch int          `json:"history_batch,omitempty"`
-	CacheBytes   int          `json:"cache_bytes,omitempty"`
-	Floor        bool         `json:"floor"`  // also measure the floor
-	Engine       bool         `json:"engine"` // measure Waymark (default true via WithDefaults)
-	Dir          string       `json:"-"`      // where servers keep files; default a temporary directory
-	Logger       *slog.Logger `json:"-"`
+	HistoryBatch int `json:"history_batch,omitempty"`
+	CacheBytes   int `json:"cache_bytes,omitempty"`
+	// GroupCommit is kv.Config's: "on", "off", or "" for on under sync
+	// always (as the CLI does for an embedded server).
+	GroupCommit string       `json:"group_commit,omitempty"`
+	Floor       bool         `json:"floor"`  // also measure the floor
+	Engine      bool         `json:"engine"` // measure Waymark (default true via WithDefaults)
+	Dir         string       `json:"-"`      // where servers keep files; default a temporary directory
+	Logger      *slog.Logger `json:"-"`
 }
 
 // WithDefaults fills zero fields.
@@ -111,6 +114,8 @@ type Sample struct {
 	PeakRSS      uint64          `json:"peak_rss_bytes"`
 	PeakHeap     uint64          `json:"peak_heap_bytes"`
 	Checkpoint   int64           `json:"checkpoint_bytes"` // largest final checkpoint of a job
+	Commits      uint64          `json:"group_commits"`    // atomic batches of checkpoints (kv.Config.GroupCommit)
+	Committed    uint64          `json:"group_committed"`  // checkpoint writes they carried
 }
 
 // Result is what Run reports: medians over the rounds.
@@ -147,8 +152,11 @@ type Result struct {
 	EnginePeakHeap uint64 `json:"engine_peak_heap_bytes"`
 	// CheckpointBytes is the largest final checkpoint of a job (the state
 	// plus what the engine keeps about steps; history is elsewhere).
-	CheckpointBytes int64  `json:"checkpoint_bytes"`
-	FloorPeakRSS    uint64 `json:"floor_peak_rss_bytes"`
+	CheckpointBytes int64 `json:"checkpoint_bytes"`
+	// WritesPerCommit is the mean number of checkpoint writes per group
+	// commit (0 without group commit).
+	WritesPerCommit float64 `json:"checkpoint_writes_per_commit"`
+	FloorPeakRSS    uint64  `json:"floor_peak_rss_bytes"`
 
 	ThroughputRatio float64 `json:"throughput_ratio"` // steps_per_s / floor_steps_per_s
 	LatencyRatio    float64 `json:"latency_ratio"`    // step_p50 / floor_step_p50
@@ -230,6 +238,8 @@ func measure(ctx context.Context, cfg Config, dir string, run system) (Sample, e
 		PeakRSS:      peakRSS(),
 		PeakHeap:     peakHeap,
 		Checkpoint:   rec.cpMax.Load(),
+		Commits:      rec.commits.Load(),
+		Committed:    rec.committed.Load(),
 	}
 	s.StepLatency, s.JobLatency = rec.latencies()
 	if vz1, err := srv.Varz(nil); err == nil && vz0 != nil {
@@ -251,6 +261,9 @@ type recorder struct {
 	pending int
 	done    chan struct{}
 	cpMax   atomic.Int64 // largest final checkpoint, bytes (Waymark only)
+	// commits, committed: group commits of checkpoints and the writes they
+	// carried (Waymark only).
+	commits, committed atomic.Uint64
 }
 
 func newRecorder(cfg Config) *recorder {
@@ -479,6 +492,13 @@ func summarise(cfg Config, ours, floors []Sample) *Result {
 	r.BytesWrittenPerStep, r.FloorBytesWrittenPerStep = median(o.bytes), median(f.bytes)
 	r.EnginePeakRSS, r.EnginePeakHeap, r.FloorPeakRSS = o.rss, o.heap, f.rss
 	r.CheckpointBytes = o.cp
+	var commits, committed uint64
+	for _, s := range ours {
+		commits, committed = commits+s.Commits, committed+s.Committed
+	}
+	if commits > 0 {
+		r.WritesPerCommit = float64(committed) / float64(commits)
+	}
 	ratio := func(a, b float64) float64 {
 		if b == 0 {
 			return 0

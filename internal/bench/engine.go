@@ -27,7 +27,7 @@ func runEngine(ctx context.Context, cfg Config, srv *natsserver.Server, rec *rec
 		return err
 	}
 	defer nc.Close()
-	store, err := kv.Open(ctx, js, kv.Config{QueueStorage: cfg.Queues}, cfg.Logger)
+	store, err := kv.Open(ctx, js, kv.Config{QueueStorage: cfg.Queues, GroupCommit: cfg.GroupCommit == "on" || (cfg.GroupCommit == "" && cfg.Sync == natsserver.SyncAlways)}, cfg.Logger)
 	if err != nil {
 		return err
 	}
@@ -94,6 +94,11 @@ func runEngine(ctx context.Context, cfg Config, srv *natsserver.Server, rec *rec
 		}
 		return nil
 	})
+	defer func() {
+		c := store.Checkpoints.GroupCommitCounts()
+		rec.commits.Store(c.Batches)
+		rec.committed.Store(c.Batched)
+	}()
 	if err := rec.wait(rctx); err != nil {
 		select {
 		case e := <-errs:

@@ -89,6 +89,7 @@ It prints both and their ratios; medians over --rounds.`,
 	f.IntVar(&c.Rounds, "rounds", 1, "rounds of each system; medians are reported")
 	f.IntVar(&c.HistoryBatch, "history-batch", 0, "transitions a checkpoint carries before its history is published (engine default 8)")
 	f.IntVar(&c.CacheBytes, "cache-bytes", 0, "the engine's checkpoint cache in bytes (default 64 MiB; -1 for none: every transition reads its checkpoint)")
+	f.StringVar(&c.GroupCommit, "group-commit", "", "checkpoint writes as atomic batches, one commit in flight: on or off (default: on under --sync always)")
 	f.BoolVar(&noFloor, "no-floor", false, "skip the floor")
 	f.BoolVar(&floorOnly, "floor-only", false, "measure only the floor")
 	f.StringVarP(&output, "output", "o", "text", "text or json")
@@ -227,4 +228,7 @@ func printBench(w io.Writer, r *bench.Result) {
 	_ = tw.Flush()
 	fmt.Fprintf(w, "\npeak Go heap (waymark): %.1f MiB; largest final checkpoint: %d bytes; CPU and memory are of the whole process (server, engine, worker)\n",
 		float64(r.EnginePeakHeap)/(1<<20), r.CheckpointBytes)
+	if r.WritesPerCommit > 0 {
+		fmt.Fprintf(w, "group commit: %.1f checkpoint writes per atomic batch\n", r.WritesPerCommit)
+	}
 }

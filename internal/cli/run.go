@@ -135,6 +135,9 @@ func (g *globals) startStack(ctx context.Context, emb *embeddedFlags, o stackOpt
 		return fail(err)
 	}
 	o.kvConfig.TuneConsumers = o.engines > 0 // only an engine changes a shared consumer's tuning
+	if s.srv != nil && emb.sync == natsserver.SyncAlways && os.Getenv("WAYMARK_GROUP_COMMIT") == "" {
+		o.kvConfig.GroupCommit = true // fsyncs shared by many checkpoints
+	}
 	if s.store, err = g.openStore(ctx, s.nc, o.kvConfig, o.log); err != nil {
 		return fail(err)
 	}

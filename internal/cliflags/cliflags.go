@@ -271,6 +271,14 @@ var kvEnv = []struct {
 	{"WAYMARK_REPLICAS", func(c *kv.Config, v string) (err error) { c.Replicas, err = strconv.Atoi(v); return }},
 	{"WAYMARK_HISTORY_MAX_AGE", func(c *kv.Config, v string) (err error) { c.HistoryMaxAge, err = time.ParseDuration(v); return }},
 	{"WAYMARK_QUEUE_STORAGE", func(c *kv.Config, v string) error { c.QueueStorage = v; return nil }},
+	{"WAYMARK_GROUP_COMMIT", func(c *kv.Config, v string) error {
+		switch v {
+		case "on", "off":
+			c.GroupCommit = v == "on"
+			return nil
+		}
+		return fmt.Errorf("want on or off (default: on for an embedded server under --sync always, else off)")
+	}},
 	{"WAYMARK_JOB_RETENTION", func(c *kv.Config, v string) (err error) {
 		if c.JobRetention, err = time.ParseDuration(v); err == nil && c.JobRetention == 0 {
 			c.JobRetention = -1 // 0 keeps finished jobs forever
