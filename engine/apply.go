@@ -85,7 +85,7 @@ func dispatch(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, not
 	}
 	var key string
 	if c.def.EffectOf(s) != schemas.EffectPure {
-		k, err := schemas.EffectKey(c.def, s, cp.JobID, runs, c.keys[idx], cp.State, cp.Vars)
+		k, err := schemas.EffectKey(c.def, s, cp.JobID, cp.KeyBase(), runs, c.keys[idx], cp.State, cp.Vars)
 		if err != nil {
 			return failJob(cp, &schemas.Error{Code: schemas.CodeInputInvalid, Job: cp.JobID, Step: step, Message: err.Error()}, now)
 		}

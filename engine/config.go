@@ -30,9 +30,13 @@ type Config struct {
 	Store *kv.Store
 	// Logger receives the engine's log; nil means slog.Default().
 	Logger *slog.Logger
-	// Lanes is how many jobs are processed at once: inbox messages are
-	// partitioned into lanes by job id, and a lane handles its messages in
-	// batches. Default 2 x GOMAXPROCS.
+	// Lanes is how many batches of inbox messages are decided at once:
+	// messages are partitioned into lanes by job id, and a lane handles its
+	// messages in batches, one round of writes at a time. Default one lane
+	// per two cores (GOMAXPROCS/2, at least 1): fewer, larger rounds share
+	// fsyncs and publishes (measured on 2 cores: 1 lane 5,200 steps/s
+	// under sync always against 4,300 with 4, and as fast under sync
+	// interval).
 	Lanes int
 	// BatchSize caps the inbox messages one lane handles in one round of
 	// writes and publishes. Default 256.
@@ -96,7 +100,7 @@ func (c Config) WithDefaults() Config {
 		c.Logger = slog.Default()
 	}
 	if c.Lanes == 0 {
-		c.Lanes = 2 * runtime.GOMAXPROCS(0)
+		c.Lanes = max(1, runtime.GOMAXPROCS(0)/2)
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize

@@ -64,7 +64,11 @@ items:
 		// current checkpoint) is a recovery; one that turns out stale
 		// recovered nothing for the job.
 		redelivered := func() {
-			if it.delivered > 1 && recovered == "" {
+			// A message handed back by an engine process that then stopped
+			// cleanly (it wrote the checkpoint and recorded its stop) was
+			// not left behind by a crash.
+			handedBack := e.cfg.SoleEngine && p.base != nil && p.base.cp.Writer != e.incarnation && e.cleanStops[p.base.cp.Writer]
+			if it.delivered > 1 && recovered == "" && !handedBack {
 				recovered = "an inbox message was delivered again: an engine died or stalled before finishing it"
 			}
 		}

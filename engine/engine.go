@@ -113,18 +113,31 @@ func (e *Engine) Run(ctx context.Context) error {
 			lostAt = time.Time{}
 		}
 	}
+	// Async queues may have lost their last writes in a server crash, which
+	// leaves no mark: every start and every reconnection looks for running
+	// jobs whose step left nothing in the queues.
+	asyncQueues := e.store.Config.QueueStorage == kv.QueueAsync
 	if e.recoverQueues(ctx) {
 		lostAt = e.cfg.Now()
 		requeue()
+	} else if asyncQueues {
+		// Looked at once the lanes run: a start does not wait for it.
+		lostAt = e.cfg.Now()
+		requeueAgain = time.After(0)
 	}
 	lanes := make([]chan jetstream.Msg, e.cfg.Lanes)
-	var wg sync.WaitGroup
+	var wg, lanesDone sync.WaitGroup
+	// Batches in hand when ctx ends are finished under work, which a stop
+	// cancels only if they outlast PublishTimeout: a clean stop leaves
+	// no write with an unknown outcome behind.
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
 	for i := range lanes {
 		lanes[i] = make(chan jetstream.Msg, e.cfg.BatchSize)
-		wg.Add(1)
+		lanesDone.Add(1)
 		go func(ch chan jetstream.Msg) {
-			defer wg.Done()
-			e.lane(ctx, ch)
+			defer lanesDone.Done()
+			e.lane(ctx, work, ch)
 		}(lanes[i])
 	}
 	names := e.store.Names
@@ -165,7 +178,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		for _, ch := range lanes {
 			close(ch)
 		}
-		wg.Wait()
+		lanesDone.Wait()
 		return fmt.Errorf("consume inbox: %w", err)
 	}
 	stopDead, err := e.watchDeadLetters(ctx)
@@ -188,6 +201,9 @@ func (e *Engine) Run(ctx context.Context) error {
 		case <-requeueAgain:
 			requeue()
 		case <-reconnected:
+			if asyncQueues {
+				lostAt = e.cfg.Now()
+			}
 			signalLost()
 		case <-lost:
 			// Make sure the layout exists, rebuild lost queues, and consume
@@ -207,11 +223,23 @@ func (e *Engine) Run(ctx context.Context) error {
 			}
 		}
 	}
-	cc.Stop()
+	// Messages the client holds go through the lanes too, which hand them
+	// back at once (a stopped consumer would leave them to the ack wait).
+	cc.Drain()
 	<-cc.Closed()
 	for _, ch := range lanes {
 		close(ch)
 	}
+	drained := make(chan struct{})
+	go func() { lanesDone.Wait(); close(drained) }()
+	t := time.NewTimer(e.cfg.PublishTimeout)
+	select {
+	case <-drained:
+	case <-t.C:
+		cancelWork()
+		<-drained
+	}
+	t.Stop()
 	wg.Wait()
 	if e.cfg.SoleEngine {
 		// Every batch in hand is settled: the next process takes nothing

@@ -19,7 +19,11 @@ import (
 // lane handles the messages of its share of jobs: it blocks for one, takes
 // whatever else is already waiting (up to BatchSize), and handles them as
 // one batch, so that a busy engine makes fewer, larger rounds of writes.
-func (e *Engine) lane(ctx context.Context, ch chan jetstream.Msg) {
+//
+// stop ends the lane's intake: messages taken after it are handed back at
+// once for the next engine. ctx carries the work of batches in hand, which
+// a stop does not cut short (the engine bounds it).
+func (e *Engine) lane(stop, ctx context.Context, ch chan jetstream.Msg) {
 	// The lane decides and writes; a settler waits for each batch's
 	// publications and then acknowledges its messages. The lane does not
 	// wait for them, so the next batch is decided while the last one's
@@ -48,8 +52,13 @@ func (e *Engine) lane(ctx context.Context, ch chan jetstream.Msg) {
 				break drain
 			}
 		}
-		if ctx.Err() != nil {
-			continue // shutting down: leave them for redelivery
+		if stop.Err() != nil {
+			// Shutting down: hand them back now rather than after the ack
+			// wait, so that the next engine goes on at once.
+			for _, m := range batch {
+				_ = m.Nak()
+			}
+			continue
 		}
 		if st := e.handleBatch(ctx, batch); st != nil {
 			settlements <- st

@@ -61,7 +61,7 @@ func (e *Engine) startPublish(ctx context.Context, ps []*plan) *settlement {
 			m, err := e.stepMessage(cp)
 			if err == nil {
 				var f jetstream.PubAckFuture
-				if f, err = e.store.JS.PublishMsgAsync(m); err == nil {
+				if f, err = e.store.PublishAsync(m); err == nil {
 					fs = append(fs, f)
 				}
 			}
@@ -320,7 +320,7 @@ func (e *Engine) stepMessage(cp *schemas.Checkpoint) (*nats.Msg, error) {
 		State:          cp.State,
 		Vars:           cp.Vars,
 		NotBefore:      d.NotBefore,
-		IdempotencyKey: schemas.IdempotencyKey(cp.JobID, d.Step, runs),
+		IdempotencyKey: schemas.IdempotencyKey(cp.KeyBase(), d.Step, runs),
 		EffectKey:      d.EffectKey,
 	}
 	m := nats.NewMsg(e.store.Names.WorkSubject(d.Pool, cp.JobID))

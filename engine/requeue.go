@@ -12,14 +12,22 @@ import (
 
 // Requeue dispatches again, from the checkpoints, the step messages that
 // lost queues held: the current step of every running job dispatched
-// before lostAt, under a new attempt number (a late result of the old
-// attempt is dropped as stale, and its worker is fenced out of the ledger)
-// without using up a retry. Pure and idempotent steps are dispatched at
-// once: running them twice is safe. Lookup and unsafe steps wait until the
-// old attempt must have ended, lostAt plus the step's timeout plus
-// StallGrace: asking the provider whether the effect happened, or
-// declaring it ambiguous, while the first call may still be under way
-// would be wrong. Jobs blocked on an effect that was resolved meanwhile
+// before lostAt whose step message is not in the work stream, whose
+// result is not in the inbox, and for which the inbox holds nothing else
+// (a redelivered message brings the engine that takes it to the job).
+// Memory queues lose everything in a server restart, async queues the
+// last writes before a server crash; both end here. A dispatch is looked
+// at only once PublishGrace has passed since it was recorded, so that a
+// live engine's publication under way is not taken for a loss. The step
+// goes under a new attempt number (a late result of the old attempt is
+// dropped as stale, and its worker is fenced out of the ledger) without
+// using up a retry. Pure and idempotent steps are dispatched at once:
+// running them twice is safe. Lookup and unsafe steps whose effect the
+// ledger records as dispatched wait until the old attempt must have
+// ended, lostAt plus the step's timeout plus StallGrace: asking the
+// provider whether the effect happened, or declaring it ambiguous, while
+// the first call may still be under way would be wrong. Without such a
+// record no call was made, and they go at once. Jobs blocked on an effect that was resolved meanwhile
 // (the signal was lost too) are resumed. It reads only the jobs the index
 // lists as active. It returns how many jobs still wait for their turn, and
 // the first error.
@@ -44,6 +52,14 @@ func (e *Engine) Requeue(ctx context.Context, lostAt time.Time) (waiting int, er
 		cp := ent.Checkpoint
 		switch {
 		case cp.Status == schemas.JobRunning && cp.Current != nil && cp.Current.DispatchedAt.Before(lostAt):
+			if now.Before(cp.Current.DispatchedAt.Add(PublishGrace)) {
+				waiting++ // its publication may still be under way
+				return true
+			}
+			if missing, err := e.queuesLost(ctx, cp); err != nil || !missing {
+				note(err)
+				return true
+			}
 			def, err := e.store.Definitions.Get(ctx, cp.DefinitionHash)
 			if err != nil {
 				note(fmt.Errorf("requeue job %s: %w", ie.Job, err))
@@ -57,7 +73,16 @@ func (e *Engine) Requeue(ctx context.Context, lostAt time.Time) (waiting int, er
 			case schemas.EffectPure, schemas.EffectIdempotent:
 				due = append(due, ent)
 			default:
-				if now.Before(lostAt.Add(def.TimeoutOf(s) + e.cfg.StallGrace)) {
+				// Only a call under way must be waited for: the ledger says
+				// dispatched. With no record, or one only prepared, no call
+				// was made (the next attempt fences out any worker still
+				// about to make one); a confirmed one is replayed.
+				state, err := e.effectState(ctx, cp.Current.EffectKey)
+				if err != nil {
+					note(err)
+					return true
+				}
+				if state == schemas.EffectDispatched && now.Before(lostAt.Add(def.TimeoutOf(s)+e.cfg.StallGrace)) {
 					waiting++
 					return true
 				}
@@ -78,6 +103,30 @@ func (e *Engine) Requeue(ctx context.Context, lostAt time.Time) (waiting int, er
 		note(e.resumeResolved(ctx, ent, now))
 	}
 	return waiting, firstErr
+}
+
+// PublishGrace is how long after a dispatch is recorded its step message
+// must be in the work stream (an engine publishes it right after the
+// checkpoint) before Requeue takes its absence for a loss.
+const PublishGrace = 2 * time.Second
+
+// queuesLost reports whether cp's current dispatch left nothing in the
+// queues: no inbox message for the job, no step message of its attempt,
+// no result of it. The order of the reads makes the answer safe while
+// engines and workers go on: an engine publishes a dispatch before it
+// acknowledges the inbox message that caused it, and a worker publishes a
+// result before it acknowledges the step message, so each read finds what
+// the one before it saw leave.
+func (e *Engine) queuesLost(ctx context.Context, cp *schemas.Checkpoint) (bool, error) {
+	pending, err := e.store.Queues.InboxPending(ctx, cp.JobID)
+	if err != nil || pending {
+		return false, err
+	}
+	missing, err := e.dispatchMissing(ctx, cp)
+	if err != nil {
+		return false, fmt.Errorf("requeue job %s: %w", cp.JobID, err)
+	}
+	return missing, nil
 }
 
 // redispatchLostQueue writes a new attempt of a running job's current step

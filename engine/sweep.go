@@ -77,6 +77,13 @@ func (e *Engine) sweepJob(ctx context.Context, ie kv.IndexEntry) error {
 		if err != nil {
 			return fmt.Errorf("sweep job %s: find its effect records: %w", ie.Job, err)
 		}
+		if len(keys) > 0 {
+			// Providers may remember the keys; a job started again under
+			// this id must not send them.
+			if err := e.store.Jobs.MarkSwept(ctx, cp.JobID); err != nil {
+				return fmt.Errorf("sweep job %s: %w", ie.Job, err)
+			}
+		}
 		for _, key := range keys {
 			if err := e.sweepEffect(ctx, cp.JobID, key); err != nil {
 				return fmt.Errorf("sweep job %s: %w", ie.Job, err)
@@ -132,7 +139,7 @@ func (e *Engine) effectKeysOf(ctx context.Context, cp *schemas.Checkpoint) ([]st
 			runs = 1
 		}
 		for run := 1; run <= runs; run++ {
-			keys = append(keys, schemas.IdempotencyKey(cp.JobID, s.ID, run))
+			keys = append(keys, schemas.IdempotencyKey(cp.KeyBase(), s.ID, run))
 		}
 	}
 	return keys, nil

@@ -25,6 +25,13 @@ const (
 // server's limit is 1,000 per atomic batch (ADR-50).
 const MaxGroupCommit = 500
 
+// minGroupCommit is the fewest messages sent as an atomic batch; fewer go
+// one by one. On an R1 file stream the server stages a batch in a store
+// of its own, made for the batch (nats-server 2.15: about 1.3 ms of CPU),
+// which pays for itself only against several fsyncs (0.2-0.4 ms each on
+// the development machine; measured 2,450 steps/s with 2, 2,625 with 8).
+const minGroupCommit = 8
+
 // groupCommitTimeout bounds the wait for one commit's acknowledgement;
 // past it every message of the commit has an unknown outcome.
 const groupCommitTimeout = 10 * time.Second
@@ -48,7 +55,8 @@ type GroupCommitCounts struct {
 // only the message at fault fails. No goroutine outlives its queue: the
 // loop that sends commits ends when nothing waits.
 type groupCommit struct {
-	js jetstream.JetStream
+	js     jetstream.JetStream
+	stream string
 
 	mu      sync.Mutex
 	queue   []*committed
@@ -64,15 +72,35 @@ type committed struct {
 	msg  *nats.Msg
 	done chan struct{}
 	seq  uint64
+	dup  bool // stored before under its Nats-Msg-Id (sent alone only)
 	err  error
 	// unknown: the commit's acknowledgement never came; the message may
 	// or may not be stored.
 	unknown bool
+	// ok and errc answer as a jetstream.PubAckFuture (Publish).
+	ok   chan *jetstream.PubAck
+	errc chan error
+	name string // the stream, for the acknowledgement
+}
+
+// Ok, Err and Msg make a committed message a jetstream.PubAckFuture.
+func (c *committed) Ok() <-chan *jetstream.PubAck { return c.ok }
+func (c *committed) Err() <-chan error            { return c.errc }
+func (c *committed) Msg() *nats.Msg               { return c.msg }
+
+// settle closes done and answers the future.
+func (c *committed) settle() {
+	close(c.done)
+	if c.err != nil {
+		c.errc <- c.err
+		return
+	}
+	c.ok <- &jetstream.PubAck{Stream: c.name, Sequence: c.seq, Duplicate: c.dup}
 }
 
 // add queues msg for the next commit.
 func (g *groupCommit) add(msg *nats.Msg) *committed {
-	c := &committed{msg: msg, done: make(chan struct{})}
+	c := &committed{msg: msg, done: make(chan struct{}), ok: make(chan *jetstream.PubAck, 1), errc: make(chan error, 1), name: g.stream}
 	g.mu.Lock()
 	g.queue = append(g.queue, c)
 	start := !g.running
@@ -113,13 +141,13 @@ func (g *groupCommit) loop() {
 func (g *groupCommit) commit(cs []*committed) {
 	defer func() {
 		for _, c := range cs {
-			close(c.done)
+			c.settle()
 		}
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), groupCommitTimeout)
 	defer cancel()
-	if len(cs) == 1 {
-		g.alone.Add(1)
+	if len(cs) < minGroupCommit {
+		g.alone.Add(uint64(len(cs)))
 		g.sendAlone(ctx, cs)
 		return
 	}
@@ -186,7 +214,7 @@ func (g *groupCommit) sendAlone(ctx context.Context, cs []*committed) {
 		}
 		select {
 		case ack := <-fs[i].Ok():
-			c.seq = ack.Sequence
+			c.seq, c.dup = ack.Sequence, ack.Duplicate
 		case err := <-fs[i].Err():
 			c.err = err
 		case <-ctx.Done():

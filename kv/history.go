@@ -103,6 +103,14 @@ func (q *Queues) ResultWaiting(ctx context.Context, job, step string, attempt in
 	return m.Header.Get(schemas.HeaderStep) == step && m.Header.Get(schemas.HeaderAttempt) == strconv.Itoa(attempt), nil
 }
 
+// InboxPending reports whether the inbox holds any message for job (a
+// start, a result or a signal) that no engine has finished with: the
+// engine that takes it decides what the job does next.
+func (q *Queues) InboxPending(ctx context.Context, job string) (bool, error) {
+	m, err := q.lastFor(ctx, q.names.InboxStream, q.names.InboxPrefix+"*."+job)
+	return m != nil, err
+}
+
 // RemoveStep deletes the step message at seq from the work stream (a
 // dead letter); one already gone is not an error.
 func (q *Queues) RemoveStep(ctx context.Context, seq uint64) error {

@@ -114,6 +114,35 @@ func (j *Jobs) CreateActive(ctx context.Context, cp *schemas.Checkpoint) (uint64
 	return rev, nil
 }
 
+// sweptPrefix starts the keys that record a job id whose job was swept
+// with effect records: "swept.<job>". Job ids hold no '.', so these never
+// match an active or ended listing.
+const sweptPrefix = "swept"
+
+// MarkSwept records, before a sweep removes a job that had effect
+// records, that its id was used, so that a job started again under it
+// takes other idempotency keys (schemas.Checkpoint.Reused). One small
+// entry per such id, kept for good: a provider may remember a key longer
+// than Waymark keeps the job.
+func (j *Jobs) MarkSwept(ctx context.Context, job string) error {
+	if _, err := j.kv.Put(ctx, sweptPrefix+"."+job, []byte("{}")); err != nil {
+		return fmt.Errorf("record that job %s is swept: %w", job, err)
+	}
+	return nil
+}
+
+// WasSwept reports whether MarkSwept recorded job's id.
+func (j *Jobs) WasSwept(ctx context.Context, job string) (bool, error) {
+	_, err := j.kv.Get(ctx, sweptPrefix+"."+job)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrInvalidKey):
+		return false, nil
+	}
+	return false, fmt.Errorf("read whether job %s was swept: %w", job, err)
+}
+
 // Get returns the entry under key. Errors: schemas.ErrNotFound.
 func (j *Jobs) Get(ctx context.Context, key string) (IndexEntry, error) {
 	ent, err := j.kv.Get(ctx, key)

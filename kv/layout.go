@@ -37,6 +37,12 @@ const (
 const (
 	QueueFile   = "file"
 	QueueMemory = "memory"
+	// QueueAsync keeps the queues in files written asynchronously
+	// (ADR-56 persist_mode async, nats-server 2.12+, R1 only): the server
+	// acknowledges a step message or result before it reaches the disk,
+	// so no queue write waits for an fsync; what a server crash loses of
+	// the last milliseconds, engines dispatch again from the checkpoints.
+	QueueAsync = "async"
 )
 
 // Inbox subject kinds: the third token of an inbox subject.
@@ -59,12 +65,16 @@ type Config struct {
 	// nothing survives a server restart.
 	Memory bool `json:"memory,omitempty"`
 	// QueueStorage is where the work and inbox streams keep their messages:
-	// QueueFile or QueueMemory; empty means what the deployment already
-	// uses (recorded in the definitions bucket when its queues were first
-	// made), or QueueFile for a new one. Checkpoints, the effect ledger,
-	// definitions and history are always files. Memory queues spare two
-	// synced writes per step; a server restart loses what they held, and
-	// engines then rebuild it from the checkpoints (see Store.QueuesIntact).
+	// QueueFile, QueueAsync or QueueMemory; empty means what the
+	// deployment already uses (recorded in the definitions bucket when its
+	// queues were first made), or QueueFile for a new one. Checkpoints, the
+	// effect ledger, definitions and history are always files, synced as
+	// the server is told. Memory and async queues spare every synced queue
+	// write (four per step: step message, result, and the two removals);
+	// a server restart loses all that memory queues held, a server crash
+	// the last milliseconds of what async queues were given, and engines
+	// dispatch it again from the checkpoints (see Store.QueuesIntact and
+	// engine.Engine.Requeue). Async queues need Replicas 1.
 	QueueStorage string `json:"queue_storage,omitempty"`
 	// Duplicates is the dedup window of the work, inbox and history
 	// streams. Default 2m. Dedup beyond it rests on checkpoints and the
@@ -161,8 +171,10 @@ func (c Config) Validate() error {
 	switch {
 	case !prefixRE.MatchString(c.Prefix):
 		return fmt.Errorf("kv config: prefix %q: want lower-case letters, digits and '_', starting with a letter, at most 32", c.Prefix)
-	case c.QueueStorage != "" && c.QueueStorage != QueueFile && c.QueueStorage != QueueMemory:
-		return fmt.Errorf("kv config: queue storage %q: want %q or %q", c.QueueStorage, QueueFile, QueueMemory)
+	case c.QueueStorage != "" && c.QueueStorage != QueueFile && c.QueueStorage != QueueMemory && c.QueueStorage != QueueAsync:
+		return fmt.Errorf("kv config: queue storage %q: want %q, %q or %q", c.QueueStorage, QueueFile, QueueAsync, QueueMemory)
+	case c.QueueStorage == QueueAsync && c.Replicas > 1:
+		return fmt.Errorf("kv config: queue storage %q with %d replicas: asynchronous writes are for streams of one replica (ADR-56); use %q", QueueAsync, c.Replicas, QueueFile)
 	case c.Replicas != 1 && c.Replicas != 3 && c.Replicas != 5:
 		return fmt.Errorf("kv config: replicas %d: want 1, 3 or 5", c.Replicas)
 	case c.Duplicates < time.Second:
@@ -286,6 +298,24 @@ type Store struct {
 
 	// testEpochHook, when set (tests), runs at each stage of MarkQueues.
 	testEpochHook func(stage string)
+	// queueCommits: group committers of the work and inbox streams, by
+	// subject prefix (Config.GroupCommit).
+	queueCommits map[string]*groupCommit
+}
+
+// PublishAsync publishes m (a step message or an inbox message) without
+// waiting: through the stream's group commit under Config.GroupCommit
+// (one fsync shared by the messages published meanwhile), else as
+// jetstream.JetStream.PublishMsgAsync. The future answers as that one's:
+// a stream sequence, Duplicate when the Nats-Msg-Id was stored before, or
+// the server's error.
+func (s *Store) PublishAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
+	for prefix, g := range s.queueCommits {
+		if strings.HasPrefix(m.Subject, prefix) {
+			return g.add(m), nil
+		}
+	}
+	return s.JS.PublishMsgAsync(m)
 }
 
 // KeepsFinishedJobs reports whether finished jobs are kept forever
@@ -314,7 +344,22 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config, log *slog.Log
 			return nil, err
 		}
 		if atomic {
-			s.Checkpoints.group = &groupCommit{js: js}
+			s.Checkpoints.group = &groupCommit{js: js, stream: "KV_" + s.Names.CheckpointBucket}
+		}
+		// Queue messages of file queues are fsynced one by one too; memory
+		// and async queues have no fsync to share.
+		s.queueCommits = map[string]*groupCommit{}
+		for prefix, stream := range map[string]string{s.Names.WorkSubjectPrefix: s.Names.WorkStream, s.Names.InboxPrefix: s.Names.InboxStream} {
+			if s.Config.QueueStorage != QueueFile {
+				break
+			}
+			ok, err := s.allowAtomic(ctx, stream)
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				s.queueCommits[prefix] = &groupCommit{js: js, stream: stream}
+			}
 		}
 	}
 	s.Definitions = newDefinitions(defs)
@@ -490,6 +535,12 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 		sc.Storage = s.storage()
 		if queues == QueueMemory && sc.Name != n.HistoryStream {
 			sc.Storage = jetstream.MemoryStorage
+		}
+		if c.GroupCommit && queues == QueueFile && (sc.Name == n.WorkStream || sc.Name == n.InboxStream) {
+			sc.AllowAtomicPublish = true // a stream made again (memory queues lost) keeps group commits
+		}
+		if queues == QueueAsync && !c.Memory && (sc.Name == n.WorkStream || sc.Name == n.InboxStream) {
+			sc.PersistMode = jetstream.AsyncPersistMode
 		}
 		sc.Replicas = c.Replicas
 		sc.Metadata = meta
@@ -734,6 +785,10 @@ func (s *Store) streamMismatches(want, have jetstream.StreamConfig) []mismatch {
 			why = "the config asks for the other (WAYMARK_QUEUE_STORAGE): delete the stream or keep its storage"
 		}
 		ms = append(ms, mismatch{"storage", storageName(have.Storage), storageName(want.Storage), true, why})
+	}
+	if have.PersistMode != want.PersistMode {
+		ms = append(ms, mismatch{"persist mode", have.PersistMode.String(), want.PersistMode.String(), true,
+			"the config asks for the other (WAYMARK_QUEUE_STORAGE async or file); a stream's persist mode cannot change: delete the stream or keep its queue storage"})
 	}
 	switch {
 	case want.MaxAge == 0 && have.MaxAge != 0 && want.Name != n.HistoryStream:
@@ -1010,8 +1065,9 @@ type queueRecord struct {
 }
 
 // queueStorage resolves Config.QueueStorage: the setting, else the
-// recorded choice, else QueueFile. It sets s.Config.QueueStorage and
-// returns the recorded choice too (value "" when none).
+// recorded choice, else what the work stream is made of, else QueueFile.
+// It sets s.Config.QueueStorage and returns the recorded choice too (value
+// "" when none).
 func (s *Store) queueStorage(ctx context.Context, defs jetstream.KeyValue) (resolved string, recorded queueRecord, err error) {
 	e, err := defs.Get(ctx, queueStorageKey)
 	switch {
@@ -1021,12 +1077,42 @@ func (s *Store) queueStorage(ctx context.Context, defs jetstream.KeyValue) (reso
 		return "", queueRecord{}, fmt.Errorf("read queue storage: %w", err)
 	}
 	if s.Config.QueueStorage == "" {
-		s.Config.QueueStorage = QueueFile
-		if recorded.value == QueueFile || recorded.value == QueueMemory {
+		switch recorded.value {
+		case QueueFile, QueueMemory, QueueAsync:
 			s.Config.QueueStorage = recorded.value
+		default:
+			if s.Config.QueueStorage, err = s.existingQueues(ctx); err != nil {
+				return "", queueRecord{}, err
+			}
 		}
 	}
 	return s.Config.QueueStorage, recorded, nil
+}
+
+// existingQueues names the storage of the work stream (else the inbox) as it is, for a
+// deployment that recorded none; a new one gets QueueFile.
+func (s *Store) existingQueues(ctx context.Context) (string, error) {
+	var st jetstream.Stream
+	var err error
+	for _, name := range []string{s.Names.WorkStream, s.Names.InboxStream} {
+		if st, err = s.JS.Stream(ctx, name); !errors.Is(err, jetstream.ErrStreamNotFound) {
+			break
+		}
+	}
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return QueueFile, nil
+	case err != nil:
+		return "", fmt.Errorf("read queue storage: %w", err)
+	}
+	cfg := st.CachedInfo().Config
+	switch {
+	case cfg.Storage == jetstream.MemoryStorage && !s.Config.Memory:
+		return QueueMemory, nil
+	case cfg.PersistMode == jetstream.AsyncPersistMode:
+		return QueueAsync, nil
+	}
+	return QueueFile, nil
 }
 
 // recordQueueStorage records queues (the storage the queue streams were

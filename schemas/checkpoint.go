@@ -64,7 +64,12 @@ type Checkpoint struct {
 	Seq            uint64 `json:"seq"` // +1 per write; 1 at creation
 	// IndexRev is the revision of the job's active entry in the job index
 	// (kv.Jobs), written before the first checkpoint; 0 when unknown.
-	IndexRev    uint64            `json:"index_rev,omitempty"`
+	IndexRev uint64 `json:"index_rev,omitempty"`
+	// Reused: the job id was used before by a job whose records were
+	// swept; its derived idempotency keys carry this creation (KeyBase), so
+	// that a provider that remembers the old job's keys does not answer
+	// this job's calls with that job's results.
+	Reused      bool              `json:"reused,omitempty"`
 	Status      JobStatus         `json:"status"`
 	InputDigest string            `json:"input_digest,omitempty"` // the input itself is in the job.started event
 	State       json.RawMessage   `json:"state"`
@@ -208,6 +213,16 @@ func (cp *Checkpoint) MsgPrefix() string {
 		return cp.JobID
 	}
 	return cp.JobID + "/i" + strconv.FormatUint(cp.IndexRev, 10)
+}
+
+// KeyBase starts the job's derived idempotency keys (IdempotencyKey): the
+// job id, or for a job whose id was used before (Reused) MsgPrefix,
+// "<job>/i<rev>".
+func (cp *Checkpoint) KeyBase() string {
+	if cp.Reused {
+		return cp.MsgPrefix()
+	}
+	return cp.JobID
 }
 
 // StartMsgID returns the dedup id of a job start request.

@@ -53,13 +53,13 @@ func ParseEffectKey(stepID, text string) (*template.Template, error) {
 }
 
 // EffectKey is the ledger key of the run-th run of step in job: the
-// derived IdempotencyKey, or, when the step names its action with an
+// derived IdempotencyKey of base (the job's Checkpoint.KeyBase), or, when the step names its action with an
 // idempotency_key template (tmpl, from ParseEffectKey), the workflow, the
 // step and a digest of the rendered text ("<workflow>/<step>/k-<digest>"),
 // so that two jobs naming the same action share one record. state is the
 // job's state as JSON. Errors: the template fails or renders empty.
-func EffectKey(def *Definition, step *Step, job string, run int, tmpl *template.Template, state json.RawMessage, vars map[string]string) (string, error) {
-	derived := IdempotencyKey(job, step.ID, run)
+func EffectKey(def *Definition, step *Step, job, base string, run int, tmpl *template.Template, state json.RawMessage, vars map[string]string) (string, error) {
+	derived := IdempotencyKey(base, step.ID, run)
 	if tmpl == nil {
 		return derived, nil
 	}

@@ -30,6 +30,9 @@ func (cp *Checkpoint) AppendJSON(dst []byte) []byte {
 	if cp.IndexRev != 0 {
 		w.uintField("index_rev", cp.IndexRev)
 	}
+	if cp.Reused {
+		w.boolField("reused", true)
+	}
 	w.strField("status", string(cp.Status))
 	if cp.InputDigest != "" {
 		w.strField("input_digest", cp.InputDigest)

@@ -16,7 +16,7 @@ func sampleCheckpoint() *Checkpoint {
 	done := t0.Add(time.Minute)
 	return &Checkpoint{
 		Schema: CheckpointSchema, JobID: "job-1", Workflow: "w", Version: 3, DefinitionHash: strings.Repeat("ab", 32),
-		Seq: 7, IndexRev: 41, Status: JobRunning, InputDigest: "d1",
+		Seq: 7, IndexRev: 41, Reused: true, Status: JobRunning, InputDigest: "d1",
 		State: json.RawMessage(`{"a":[1,2,{"b":"c\u00e9\n"}],"z":null}`),
 		Vars:  map[string]string{"region": "eu", "quote": "say \"hi\"\t<ok>", "bad": "\xff\x00\u2028"},
 		Steps: map[string]*StepRecord{

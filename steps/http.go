@@ -138,6 +138,9 @@ func (r *httpRunner) lookup(ctx context.Context, c *Call) (bool, any, error) {
 		return false, nil, err
 	}
 	url, err := r.lookupURL.execute(c, r.env, data)
+	if err == nil {
+		err = checkDotSegments(url)
+	}
 	if err != nil {
 		return false, nil, err
 	}
@@ -178,6 +181,9 @@ func (r *httpRunner) run(ctx context.Context, c *Call) (any, error) {
 	url, err := r.url.execute(c, r.env, data)
 	if err != nil {
 		return nil, notSent(err)
+	}
+	if err := checkDotSegments(url); err != nil {
+		return nil, notSent(&schemas.Error{Code: schemas.CodeInputInvalid, Message: err.Error()})
 	}
 	var body io.Reader
 	if r.body != nil {

@@ -460,3 +460,27 @@ func TestHTTPURLValuesAreEscaped(t *testing.T) {
 		t.Errorf("query = %v (raw %q), want %v: the title one value, raw's value as it is", q, r.RawQuery, want)
 	}
 }
+
+// TestHTTPURLDotSegmentsRefused: a value "." or ".." printed as a path
+// segment would send the request elsewhere on a server that resolves dot
+// segments; such a URL is refused before anything is sent.
+func TestHTTPURLDotSegmentsRefused(t *testing.T) {
+	t.Parallel()
+	b := setupHTTP(t, replyJSON(200, `{}`))
+	for _, title := range []string{"..", "."} {
+		state, _ := json.Marshal(map[string]any{"title": title, "n": 3, "path": "x"})
+		_, err := b.run(t, context.Background(), "search", string(state))
+		if err == nil || !strings.Contains(err.Error(), "dot segment") || schemas.AsError(err).Code != schemas.CodeInputInvalid {
+			t.Errorf("title %q: err = %v, want input_invalid naming the dot segment", title, err)
+		}
+	}
+	if n := len(b.requests()); n != 0 {
+		t.Errorf("%d requests sent, want none", n)
+	}
+	if err := checkDotSegments("http://h/a/%2E%2e/b"); err == nil {
+		t.Errorf("an encoded .. segment passed")
+	}
+	if err := checkDotSegments("http://h/a/..x/b.c?q=.."); err != nil {
+		t.Errorf("dots inside segments or in the query refused: %v", err)
+	}
+}

@@ -2,6 +2,7 @@ package steps
 
 import (
 	"fmt"
+	"net/url"
 	"strings"
 	"text/template"
 	"text/template/parse"
@@ -202,6 +203,11 @@ func walkActions(n parse.Node, fn func(*parse.ActionNode)) {
 // stands as one path segment or one query value, whatever it holds.
 func urlPart(v any) string {
 	s := fmt.Sprint(v)
+	if s == "." || s == ".." {
+		// A dot segment would move the request up the path (RFC 3986
+		// section 5.2.4); checkDotSegments refuses the URL anyway.
+		return strings.Repeat("%2E", len(s))
+	}
 	var b strings.Builder
 	for i := 0; i < len(s); i++ {
 		c := s[i]
@@ -245,6 +251,27 @@ func escapeURLActions(t *template.Template) {
 			walkActions(tt.Tree.Root, escape)
 		}
 	}
+}
+
+// checkDotSegments refuses a rendered URL whose path holds a "." or ".."
+// segment, written plainly or percent-encoded: a server that resolves it
+// (RFC 3986 section 5.2.4) would answer for another path than the
+// template's. Authors write none; only data can bring one.
+func checkDotSegments(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil // the request refuses it, without echoing the URL's query
+	}
+	for _, seg := range strings.Split(u.EscapedPath(), "/") {
+		dec, err := url.PathUnescape(seg)
+		if err != nil {
+			dec = seg
+		}
+		if dec == "." || dec == ".." {
+			return fmt.Errorf("url %s: path segment %q: a dot segment would send the request to another path; a template value may not change the path", redactURL(raw), dec)
+		}
+	}
+	return nil
 }
 
 // parseURLTemplate is parseSecretTemplate for a URL: every value it prints

@@ -553,9 +553,7 @@ func (w *Worker) publishResult(ctx context.Context, res *schemas.StepResult, ste
 	m.Header.Set(jetstream.MsgIDHeader, id)
 	delay := 100 * time.Millisecond
 	for try := 1; ; try++ {
-		pctx, cancel := context.WithTimeout(ctx, resultPublishTimout)
-		_, err = w.store.JS.PublishMsg(pctx, m)
-		cancel()
+		err = w.publishWait(ctx, m)
 		if err == nil {
 			w.ctr.published.Add(1)
 			return nil
@@ -568,6 +566,28 @@ func (w *Worker) publishResult(ctx context.Context, res *schemas.StepResult, ste
 		case <-ctx.Done():
 		}
 		delay *= 2
+	}
+}
+
+// publishWait publishes m (through the inbox's group commit where the
+// store has one) and waits for its acknowledgement, at most
+// resultPublishTimout.
+func (w *Worker) publishWait(ctx context.Context, m *nats.Msg) error {
+	f, err := w.store.PublishAsync(m)
+	if err != nil {
+		return err
+	}
+	t := time.NewTimer(resultPublishTimout)
+	defer t.Stop()
+	select {
+	case <-f.Ok():
+		return nil
+	case err := <-f.Err():
+		return err
+	case <-t.C:
+		return fmt.Errorf("no acknowledgement within %v", resultPublishTimout)
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

@@ -1154,10 +1154,12 @@ func TestSweepWithoutDefinitionThenReuse(t *testing.T) {
 		}
 		return len(recs)
 	}
+	// Effects the providers performed (not calls: a provider answers a key
+	// it remembers with its old result, and performs nothing).
 	calls := func() int {
 		n := 0
 		for _, svc := range []string{demo.NamePayments, demo.NameRecords, demo.NameMail} {
-			for _, c := range b.stats(svc).Calls {
+			for _, c := range b.stats(svc).Effects {
 				n += c
 			}
 		}
@@ -1227,7 +1229,7 @@ func TestSweepWithoutDefinitionThenReuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	for k := range lister.Keys() {
-		if strings.HasSuffix(k, "."+job) {
+		if strings.HasSuffix(k, "."+job) && (strings.HasPrefix(k, "active.") || strings.HasPrefix(k, "ended.")) {
 			if err := jobs.Purge(ctx, k); err != nil {
 				t.Fatal(err)
 			}

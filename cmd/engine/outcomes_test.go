@@ -764,7 +764,7 @@ func TestOutcomeSharedKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, err := schemas.EffectKey(def, def.Step("notify"), first, 1, tmpl, input, nil)
+	key, err := schemas.EffectKey(def, def.Step("notify"), first, first, 1, tmpl, input, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1250,3 +1250,129 @@ func streamStorage(t *testing.T, store *kv.Store, name string) jetstream.Storage
 	}
 	return st.CachedInfo().Config.Storage
 }
+
+const resilAsyncIdemWorkflow = `
+name: asyncq-idem
+version: 1
+defaults:
+  timeout: 2s
+  retry: {max_attempts: 1}
+steps:
+  - id: call
+    kind: http
+    effect: idempotent
+    pool: other
+    with: {method: POST, url: '{{service "svc"}}/idem', body: '{}'}
+`
+
+// TestAsyncQueuesLoseTheirLastWrites runs with WAYMARK_QUEUE_STORAGE=async
+// (ADR-56 persist_mode async on the work and inbox streams). A server
+// crash may lose the last step messages such queues acknowledged, and
+// leaves no mark; the test loses two of three queued step messages while
+// no engine runs, then starts one. It finds the two running jobs whose
+// step left nothing in the queues and dispatches them again under a new
+// attempt (the idempotent one at once, the unsafe one once its first
+// attempt must have ended), and leaves the third, whose message is still
+// queued, alone. Every job completes; every call is made once.
+func TestAsyncQueuesLoseTheirLastWrites(t *testing.T) {
+	t.Parallel()
+	log := resilLogger(t)
+	srv := testsupport.StartServer(t, testsupport.ServerOptions{})
+	cfg := kv.Config{InboxAckWait: 2 * time.Second, WorkAckWait: 3 * time.Second, QueueStorage: kv.QueueAsync}
+	store := srv.Store(t, cfg)
+	cl := client.New(store)
+	svc := newResilKeyCounter(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, name := range []string{store.Names.WorkStream, store.Names.InboxStream} {
+		st, err := store.JS.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pm := st.CachedInfo().Config.PersistMode; pm != jetstream.AsyncPersistMode {
+			t.Fatalf("stream %s persist mode %v, want async", name, pm)
+		}
+	}
+
+	first, err := engine.New(engine.Config{Store: srv.Store(t, cfg), Logger: log, ReconcileInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ectx, stop := context.WithCancel(ctx)
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); _ = first.Run(ectx) }()
+	const lostIdem, keptIdem, lostMail = "asyncq-lost", "asyncq-kept", "asyncq-mail"
+	jobs := map[string]string{lostIdem: resilAsyncIdemWorkflow, keptIdem: resilAsyncIdemWorkflow, lostMail: resilMailPoolWorkflow}
+	pools := map[string]string{lostIdem: "other", keptIdem: "other", lostMail: "mail"}
+	for job, src := range jobs {
+		if _, err := cl.Start(ctx, resilDef(t, src), nil, client.StartOptions{JobID: job}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	queued := map[string]uint64{}
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		for job, pool := range pools {
+			q, ok, err := store.Queues.StepQueued(ctx, pool, job)
+			if err != nil || !ok {
+				return false
+			}
+			queued[job] = q.Seq
+		}
+		return true
+	}, "the three steps were never queued")
+	stop()
+	<-stopped
+	// What a crash of the server would have lost.
+	for _, job := range []string{lostIdem, lostMail} {
+		if err := store.Queues.RemoveStep(ctx, queued[job]); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	restarted := time.Now()
+	eng := resilRunEngine(t, engine.Config{Store: srv.Store(t, cfg), Logger: log, ReconcileInterval: -1, StallGrace: 500 * time.Millisecond})
+	env := &steps.Env{Services: map[string]string{"svc": svc.srv.URL}}
+	resilPoolWorker(t, srv.Store(t, cfg), env, "other-worker", "other", log)
+	resilPoolWorker(t, srv.Store(t, cfg), env, "mail-worker", "mail", log)
+	for job := range jobs {
+		if v := resilWaitStopped(t, cl, job, 30*time.Second); v.Status != schemas.JobCompleted {
+			t.Fatalf("job %s %s: %v", job, v.Status, v.Error)
+		}
+	}
+	if n := eng.Stats().Requeued; n != 2 {
+		t.Errorf("requeued %d jobs, want the 2 whose step message was lost", n)
+	}
+	for k, n := range svc.snapshot() {
+		if n != 1 {
+			t.Errorf("%s called %d times; want once", k, n)
+		}
+	}
+	if n := len(svc.snapshot()); n != 3 {
+		t.Errorf("calls %v: want one per job", svc.snapshot())
+	}
+	second := func(job string) *schemas.HistoryEvent {
+		evs, err := cl.History(ctx, job)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range evs {
+			if evs[i].Type == schemas.EventStepDispatched && evs[i].Data.Attempt == 2 {
+				return &evs[i]
+			}
+		}
+		return nil
+	}
+	if ev := second(keptIdem); ev != nil {
+		t.Errorf("job %s, whose step message was kept, was dispatched again: %+v", keptIdem, ev.Data)
+	}
+	if ev := second(lostIdem); ev == nil || !strings.Contains(ev.Data.Reason, "lost with the queues") {
+		t.Errorf("job %s: second dispatch %+v; want one saying its message was lost with the queues", lostIdem, ev)
+	}
+	ev := second(lostMail)
+	if ev == nil {
+		t.Fatalf("job %s was not dispatched again", lostMail)
+	}
+	if d := ev.Time.Sub(restarted); d < 2*time.Second {
+		t.Errorf("unsafe step dispatched again %v after the restart; want no sooner than its 2s timeout", d)
+	}
+}

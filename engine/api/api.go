@@ -322,6 +322,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false) // "<b>" answers as it was given, not as \u003cb\u003e
 	if err := enc.Encode(v); err != nil {
 		fmt.Fprintln(w)
 	}

@@ -117,6 +117,17 @@ func TestHTTPAPI(t *testing.T) {
 	if steps := m["steps"].([]any); len(steps) != 4 {
 		t.Errorf("steps = %v", steps)
 	}
+	// Answers keep HTML as it was given (a JSON encoder's default would
+	// send "<" as \u003c).
+	resp, err := srv.Client().Get(srv.URL + "/v1/jobs/%3Cb%3E&")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(raw), `\"<b>&\"`) {
+		t.Errorf("answer for job <b>&: %s; want the id as given, unescaped", raw)
+	}
 
 	for _, tc := range []struct {
 		method, path, body string

@@ -199,6 +199,9 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 		return StartResult{}, fmt.Errorf("start job %s%s: %w", id, storageFullNote(err), err)
 	}
 	cp.IndexRev = rev
+	if cp.Reused, err = c.store.Jobs.WasSwept(ctx, id); err != nil {
+		return StartResult{}, fmt.Errorf("start job %s: %w", id, err)
+	}
 	// The start request's dedup id names this creation of the job, so that
 	// an id used again after its job was swept is not taken for a copy.
 	startID := schemas.StartMsgID(id) + "/" + strconv.FormatUint(rev, 10)

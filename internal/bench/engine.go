@@ -46,7 +46,7 @@ func runEngine(ctx context.Context, cfg Config, srv *natsserver.Server, rec *rec
 	}
 	slots := make(chan struct{}, cfg.Concurrency)
 	e, err := engine.New(engine.Config{Store: store, Logger: cfg.Logger, ReconcileInterval: -1,
-		HistoryBatch: cfg.HistoryBatch, CacheBytes: cfg.CacheBytes,
+		HistoryBatch: cfg.HistoryBatch, CacheBytes: cfg.CacheBytes, Lanes: cfg.Lanes,
 		OnWrite: func(cp *schemas.Checkpoint) {
 			if cp.Seq < 2 {
 				return

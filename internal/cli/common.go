@@ -294,6 +294,7 @@ func inputName(path string) string {
 func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false) // "<b>" prints as it was given, not as \u003cb\u003e
 	return enc.Encode(v)
 }
 
