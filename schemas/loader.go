@@ -152,6 +152,9 @@ func Load(path string, opts LoadOptions) (*Definition, error) {
 // Parse is Load on bytes already read; name is used in messages.
 func Parse(name string, data []byte, opts LoadOptions) (*Definition, error) {
 	fail := func(ps ...LocatedProblem) error { return &DefinitionError{File: name, Problems: ps} }
+	// A byte order mark some editors write starts no key (YAML 1.2 allows
+	// one at the start of a stream); lines and columns count without it.
+	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf"))
 	if len(data) > MaxDefinitionBytes {
 		return nil, fail(LocatedProblem{Problem: Problem{Message: fmt.Sprintf("file is %d bytes; the limit is %d", len(data), MaxDefinitionBytes)}})
 	}

@@ -548,3 +548,18 @@ func TestPointerToPath(t *testing.T) {
 		}
 	}
 }
+
+// TestParseByteOrderMark: a workflow file starting with a UTF-8 byte order
+// mark parses as without it, in YAML and in JSON.
+func TestParseByteOrderMark(t *testing.T) {
+	t.Parallel()
+	for name, src := range map[string]string{
+		"bom.yaml": "\xef\xbb\xbfname: bom\nversion: 1\nsteps:\n  - {id: a, kind: noop}\n",
+		"bom.json": "\xef\xbb\xbf" + `{"name": "bom", "version": 1, "steps": [{"id": "a", "kind": "noop"}]}`,
+	} {
+		d, err := schemas.Parse(name, []byte(src), schemas.LoadOptions{})
+		if err != nil || d.Name != "bom" {
+			t.Errorf("%s: %v, want it parsed", name, err)
+		}
+	}
+}

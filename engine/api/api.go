@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -145,12 +146,57 @@ func decodeStrict(data []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return badRequest("request body: %v", err)
+		return badRequest("request body: %s", describeDecodeError(err))
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return badRequest("request body: more follows the JSON object at byte %d; send one object", dec.InputOffset())
 	}
 	return nil
+}
+
+// describeDecodeError says what was wrong with a request body in the
+// terms of its JSON (field path, JSON types), not of the Go types it is
+// decoded into.
+func describeDecodeError(err error) string {
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.Is(err, io.EOF):
+		return "empty; send a JSON object"
+	case errors.As(err, &se):
+		return fmt.Sprintf("not valid JSON at byte %d: %s", se.Offset, strings.TrimPrefix(se.Error(), "json: "))
+	case errors.As(err, &te):
+		var path []string
+		for _, seg := range strings.Split(te.Field, ".") {
+			// Embedded Go structs name a segment in capitals; JSON fields
+			// here are lower-case.
+			if seg != "" && !(seg[0] >= 'A' && seg[0] <= 'Z') {
+				path = append(path, seg)
+			}
+		}
+		want := jsonKind(te.Type.Kind())
+		if len(path) == 0 {
+			return fmt.Sprintf("want %s, got a JSON %s", want, te.Value)
+		}
+		return fmt.Sprintf("field %q: want %s, got a JSON %s", strings.Join(path, "."), want, te.Value)
+	}
+	return strings.TrimPrefix(err.Error(), "json: ")
+}
+
+// jsonKind names what JSON value decodes into a Go value of kind k.
+func jsonKind(k reflect.Kind) string {
+	switch k {
+	case reflect.Bool:
+		return "true or false"
+	case reflect.String:
+		return "a string"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	}
+	return "an object"
 }
 
 func badRequest(format string, args ...any) error {

@@ -215,6 +215,8 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"run", repo("examples/quickstart/workflow.yaml"), "--var", "novalue"}, `--var "novalue"`},
 		{[]string{"run", repo("examples/quickstart/workflow.yaml"), "--log-level", "loud"}, `--log-level "loud"`},
 		{[]string{"validate", "testdata/typed-input.yaml", "--input", "testdata/bad-input.json"}, "/amount_cents"},
+		{[]string{"status", "bad id!", "--output", "text"}, `job id "bad id!"`},
+		{[]string{"history", "bad id!", "--output", "json"}, `job id "bad id!"`},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args[2:], " "), func(t *testing.T) {

@@ -185,7 +185,11 @@ func readInput(path string, stdin io.Reader) (json.RawMessage, error) {
 	var data []byte
 	var err error
 	if path == "-" {
-		data, err = io.ReadAll(io.LimitReader(stdin, 64<<20))
+		const limit = 64 << 20
+		data, err = io.ReadAll(io.LimitReader(stdin, limit+1))
+		if err == nil && len(data) > limit {
+			return nil, fmt.Errorf("input -: more than %d bytes on stdin (64 MiB, the most read; a job input may hold far less, see Size limits)", limit)
+		}
 	} else {
 		data, err = os.ReadFile(path)
 	}

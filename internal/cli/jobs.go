@@ -111,6 +111,9 @@ func newStatusCmd(g *globals) *cobra.Command {
 			if err := checkOutput(output); err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
+			if err := client.ValidateJobID(args[0]); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
 			return g.withClient(cmd.Context(), func(c *client.Client, _ *kv.Store) error {
 				v, err := c.Job(cmd.Context(), args[0])
 				if errors.Is(err, schemas.ErrNotFound) {
@@ -197,7 +200,11 @@ of the next one (--after); it reads the job index, not every checkpoint.`,
 			return g.withClient(cmd.Context(), func(c *client.Client, _ *kv.Store) error {
 				page, err := c.List(cmd.Context(), client.ListFilter{Status: schemas.JobStatus(status), Workflow: workflow, Limit: limit, After: after})
 				if errors.Is(err, schemas.ErrInputInvalid) {
-					return &ExitError{Code: 2, Err: fmt.Errorf("--after: %w", err)}
+					flag := "--after"
+					if strings.Contains(err.Error(), "workflow name") {
+						flag = "--workflow"
+					}
+					return &ExitError{Code: 2, Err: fmt.Errorf("%s: %w", flag, err)}
 				}
 				if err != nil {
 					return err
@@ -237,6 +244,9 @@ func newHistoryCmd(g *globals) *cobra.Command {
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkOutput(output); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			if err := client.ValidateJobID(args[0]); err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
 			return g.withClient(cmd.Context(), func(c *client.Client, st *kv.Store) error {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -228,4 +229,28 @@ func executeStdin(t *testing.T, stdin string, args ...string) (stdout, stderr st
 		}
 	}
 	return out.String(), errb.String(), code
+}
+
+// TestStdinInputOverItsLimit: more than 64 MiB on --input - is refused by
+// saying so, not as JSON cut short.
+func TestStdinInputOverItsLimit(t *testing.T) {
+	t.Parallel()
+	big := io.MultiReader(strings.NewReader(`{"x": "`), io.LimitReader(zeros{}, 65<<20))
+	_, err := readInput("-", big)
+	if err == nil || !strings.Contains(err.Error(), "more than 67108864 bytes on stdin") {
+		t.Fatalf("err = %v, want the stdin limit named", err)
+	}
+	if _, err := readInput("-", strings.NewReader(`{"x": 1}`)); err != nil {
+		t.Fatalf("a small input: %v", err)
+	}
+}
+
+// zeros reads as an endless run of '0'.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = '0'
+	}
+	return len(p), nil
 }
