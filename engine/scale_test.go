@@ -814,30 +814,7 @@ func TestCleanRestartIsNoResume(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOptions{noEngine: true})
 	ctx := context.Background()
-	run := func() (stop func()) {
-		e, err := New(Config{Store: b.store, SoleEngine: true, ReconcileInterval: -1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		rctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			if err := e.Run(rctx); err != nil {
-				t.Errorf("engine run: %v", err)
-			}
-		}()
-		stopped := false
-		stop = func() {
-			if !stopped {
-				stopped = true
-				cancel()
-				<-done
-			}
-		}
-		t.Cleanup(stop)
-		return stop
-	}
+	run := func() func() { return b.runSoleEngine() }
 	// Two steps on a pool no worker serves: the test answers them.
 	def := b.define("name: two\nversion: 1\nsteps:\n  - {id: a, kind: noop, pool: idle, next: [{to: b}]}\n  - {id: b, kind: noop, pool: idle}\n")
 	waitStep := func(id, step string) {
@@ -891,24 +868,7 @@ func TestCleanStopWhileBusy(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOptions{noEngine: true, kv: kv.Config{InboxAckWait: time.Minute}})
 	ctx := context.Background()
-	run := func() (stop func()) {
-		e, err := New(Config{Store: b.store, SoleEngine: true, ReconcileInterval: -1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		rctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			if err := e.Run(rctx); err != nil {
-				t.Errorf("engine run: %v", err)
-			}
-		}()
-		var once sync.Once
-		stop = func() { once.Do(func() { cancel(); <-done }) }
-		t.Cleanup(stop)
-		return stop
-	}
+	run := func() func() { return b.runSoleEngine() }
 	b.worker(func(sm *schemas.StepMessage) (json.RawMessage, *schemas.Error) { return json.RawMessage(`{}`), nil })
 	var src strings.Builder
 	src.WriteString("name: long\nversion: 1\nsteps:\n")
@@ -942,4 +902,27 @@ func TestCleanStopWhileBusy(t *testing.T) {
 			t.Errorf("job %s: resume_count %d after a clean stop, want 0", id, n)
 		}
 	}
+}
+
+// runSoleEngine runs an engine process's worth of engine (SoleEngine, as
+// with the embedded server) on b's store until the returned stop, or the
+// end of the test.
+func (b *bundle) runSoleEngine() (stop func()) {
+	t := b.t
+	e, err := New(Config{Store: b.store, SoleEngine: true, ReconcileInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := e.Run(ctx); err != nil {
+			t.Errorf("engine run: %v", err)
+		}
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return stop
 }
