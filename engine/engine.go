@@ -113,17 +113,9 @@ func (e *Engine) Run(ctx context.Context) error {
 			lostAt = time.Time{}
 		}
 	}
-	// Async queues may have lost their last writes in a server crash, which
-	// leaves no mark: every start and every reconnection looks for running
-	// jobs whose step left nothing in the queues.
-	asyncQueues := e.store.Config.QueueStorage == kv.QueueAsync
 	if e.recoverQueues(ctx) {
 		lostAt = e.cfg.Now()
 		requeue()
-	} else if asyncQueues {
-		// Looked at once the lanes run: a start does not wait for it.
-		lostAt = e.cfg.Now()
-		requeueAgain = time.After(0)
 	}
 	lanes := make([]chan jetstream.Msg, e.cfg.Lanes)
 	var wg, lanesDone sync.WaitGroup
@@ -201,9 +193,6 @@ func (e *Engine) Run(ctx context.Context) error {
 		case <-requeueAgain:
 			requeue()
 		case <-reconnected:
-			if asyncQueues {
-				lostAt = e.cfg.Now()
-			}
 			signalLost()
 		case <-lost:
 			// Make sure the layout exists, rebuild lost queues, and consume

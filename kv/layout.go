@@ -37,12 +37,6 @@ const (
 const (
 	QueueFile   = "file"
 	QueueMemory = "memory"
-	// QueueAsync keeps the queues in files written asynchronously
-	// (ADR-56 persist_mode async, nats-server 2.12+, R1 only): the server
-	// acknowledges a step message or result before it reaches the disk,
-	// so no queue write waits for an fsync; what a server crash loses of
-	// the last milliseconds, engines dispatch again from the checkpoints.
-	QueueAsync = "async"
 )
 
 // Inbox subject kinds: the third token of an inbox subject.
@@ -65,16 +59,14 @@ type Config struct {
 	// nothing survives a server restart.
 	Memory bool `json:"memory,omitempty"`
 	// QueueStorage is where the work and inbox streams keep their messages:
-	// QueueFile, QueueAsync or QueueMemory; empty means what the
-	// deployment already uses (recorded in the definitions bucket when its
-	// queues were first made), or QueueFile for a new one. Checkpoints, the
-	// effect ledger, definitions and history are always files, synced as
-	// the server is told. Memory and async queues spare every synced queue
-	// write (four per step: step message, result, and the two removals);
-	// a server restart loses all that memory queues held, a server crash
-	// the last milliseconds of what async queues were given, and engines
-	// dispatch it again from the checkpoints (see Store.QueuesIntact and
-	// engine.Engine.Requeue). Async queues need Replicas 1.
+	// QueueFile or QueueMemory; empty means what the deployment already
+	// uses (recorded in the definitions bucket when its queues were first
+	// made), or QueueFile for a new one. Checkpoints, the effect ledger,
+	// definitions and history are always files, synced as the server is
+	// told. Memory queues spare every synced queue write (four per step:
+	// step message, result, and the two removals); a server restart loses
+	// all they held, and engines dispatch it again from the checkpoints
+	// (see Store.QueuesIntact and engine.Engine.Requeue).
 	QueueStorage string `json:"queue_storage,omitempty"`
 	// Duplicates is the dedup window of the work, inbox and history
 	// streams. Default 2m. Dedup beyond it rests on checkpoints and the
@@ -171,10 +163,8 @@ func (c Config) Validate() error {
 	switch {
 	case !prefixRE.MatchString(c.Prefix):
 		return fmt.Errorf("kv config: prefix %q: want lower-case letters, digits and '_', starting with a letter, at most 32", c.Prefix)
-	case c.QueueStorage != "" && c.QueueStorage != QueueFile && c.QueueStorage != QueueMemory && c.QueueStorage != QueueAsync:
-		return fmt.Errorf("kv config: queue storage %q: want %q, %q or %q", c.QueueStorage, QueueFile, QueueAsync, QueueMemory)
-	case c.QueueStorage == QueueAsync && c.Replicas > 1:
-		return fmt.Errorf("kv config: queue storage %q with %d replicas: asynchronous writes are for streams of one replica (ADR-56); use %q", QueueAsync, c.Replicas, QueueFile)
+	case c.QueueStorage != "" && c.QueueStorage != QueueFile && c.QueueStorage != QueueMemory:
+		return fmt.Errorf("kv config: queue storage %q: want %q or %q", c.QueueStorage, QueueFile, QueueMemory)
 	case c.Replicas != 1 && c.Replicas != 3 && c.Replicas != 5:
 		return fmt.Errorf("kv config: replicas %d: want 1, 3 or 5", c.Replicas)
 	case c.Duplicates < time.Second:
@@ -539,9 +529,6 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 		if c.GroupCommit && queues == QueueFile && (sc.Name == n.WorkStream || sc.Name == n.InboxStream) {
 			sc.AllowAtomicPublish = true // a stream made again (memory queues lost) keeps group commits
 		}
-		if queues == QueueAsync && !c.Memory && (sc.Name == n.WorkStream || sc.Name == n.InboxStream) {
-			sc.PersistMode = jetstream.AsyncPersistMode
-		}
 		sc.Replicas = c.Replicas
 		sc.Metadata = meta
 		if err := s.ensureStream(ctx, sc); err != nil {
@@ -788,7 +775,7 @@ func (s *Store) streamMismatches(want, have jetstream.StreamConfig) []mismatch {
 	}
 	if have.PersistMode != want.PersistMode {
 		ms = append(ms, mismatch{"persist mode", have.PersistMode.String(), want.PersistMode.String(), true,
-			"the config asks for the other (WAYMARK_QUEUE_STORAGE async or file); a stream's persist mode cannot change: delete the stream or keep its queue storage"})
+			"asynchronous writes would acknowledge messages a server crash loses without a trace (and leave the consumers out of step with the stream); a stream's persist mode cannot change: delete the stream"})
 	}
 	switch {
 	case want.MaxAge == 0 && have.MaxAge != 0 && want.Name != n.HistoryStream:
@@ -1078,7 +1065,7 @@ func (s *Store) queueStorage(ctx context.Context, defs jetstream.KeyValue) (reso
 	}
 	if s.Config.QueueStorage == "" {
 		switch recorded.value {
-		case QueueFile, QueueMemory, QueueAsync:
+		case QueueFile, QueueMemory:
 			s.Config.QueueStorage = recorded.value
 		default:
 			if s.Config.QueueStorage, err = s.existingQueues(ctx); err != nil {
@@ -1106,11 +1093,8 @@ func (s *Store) existingQueues(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("read queue storage: %w", err)
 	}
 	cfg := st.CachedInfo().Config
-	switch {
-	case cfg.Storage == jetstream.MemoryStorage && !s.Config.Memory:
+	if cfg.Storage == jetstream.MemoryStorage && !s.Config.Memory {
 		return QueueMemory, nil
-	case cfg.PersistMode == jetstream.AsyncPersistMode:
-		return QueueAsync, nil
 	}
 	return QueueFile, nil
 }

@@ -36,7 +36,7 @@ type Config struct {
 	Kind        string `json:"kind"`          // noop (default), http (a local server) or model (replay)
 	Workers     int    `json:"worker_concurrency"`
 	Sync        string `json:"sync"`          // always or interval (default)
-	Queues      string `json:"queue_storage"` // Waymark's work and inbox queues: file (default), async or memory; the floor's stay on file
+	Queues      string `json:"queue_storage"` // Waymark's work and inbox queues: file (default) or memory; the floor's stay on file
 	Rounds      int    `json:"rounds"`        // rounds of each; medians are reported; default 1
 	// HistoryBatch and CacheBytes are the engine's (engine.Config); zero
 	// means its default, a negative CacheBytes no cache.
@@ -97,8 +97,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("bench: kind %q: want noop, http or model", c.Kind)
 	case c.Sync != natsserver.SyncAlways && c.Sync != natsserver.SyncInterval:
 		return fmt.Errorf("bench: sync %q: want always or interval", c.Sync)
-	case c.Queues != kv.QueueFile && c.Queues != kv.QueueMemory && c.Queues != kv.QueueAsync:
-		return fmt.Errorf("bench: queue storage %q: want file, async or memory", c.Queues)
+	case c.Queues != kv.QueueFile && c.Queues != kv.QueueMemory:
+		return fmt.Errorf("bench: queue storage %q: want file or memory", c.Queues)
 	}
 	return nil
 }

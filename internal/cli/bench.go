@@ -85,7 +85,7 @@ It prints both and their ratios; medians over --rounds.`,
 	f.StringVar(&c.Kind, "kind", "noop", "step kind: noop, http (a local server) or model (replayed)")
 	f.IntVar(&c.Workers, "worker-concurrency", 256, "steps the worker runs at once")
 	f.StringVar(&c.Sync, "sync", "interval", "embedded JetStream sync policy: always or interval (the default here is interval; engine run and serve default to always)")
-	f.StringVar(&c.Queues, "queue-storage", "file", "Waymark's work and inbox queues: file, async or memory (the floor's stay on file)")
+	f.StringVar(&c.Queues, "queue-storage", "file", "Waymark's work and inbox queues: file or memory (the floor's stay on file)")
 	f.IntVar(&c.Rounds, "rounds", 1, "rounds of each system; medians are reported")
 	f.IntVar(&c.HistoryBatch, "history-batch", 0, "transitions a checkpoint carries before its history is published (engine default 8)")
 	f.IntVar(&c.Lanes, "lanes", 0, "the engine's lanes, each deciding a share of the jobs (default: one per two cores)")
@@ -185,8 +185,8 @@ func checkBenchFlags(c bench.Config, noFloor, floorOnly bool) error {
 		return fmt.Errorf("--kind %q: want noop, http or model", c.Kind)
 	case c.Sync != natsserver.SyncAlways && c.Sync != natsserver.SyncInterval:
 		return fmt.Errorf("--sync %q: want always or interval", c.Sync)
-	case c.Queues != kv.QueueFile && c.Queues != kv.QueueMemory && c.Queues != kv.QueueAsync:
-		return fmt.Errorf("--queue-storage %q: want file, async or memory", c.Queues)
+	case c.Queues != kv.QueueFile && c.Queues != kv.QueueMemory:
+		return fmt.Errorf("--queue-storage %q: want file or memory", c.Queues)
 	case noFloor && floorOnly:
 		return errors.New("--no-floor and --floor-only together leave nothing to measure: give one of them")
 	}
