@@ -477,6 +477,7 @@ func TestBadEnvironmentIsAUsageError(t *testing.T) {
 		want       string
 	}{
 		{"WAYMARK_QUEUE_STORAGE", "disk", []string{"list"}, `WAYMARK_QUEUE_STORAGE="disk": kv config: queue storage "disk"`},
+		{"WAYMARK_GROUP_COMMIT", "yes", []string{"run", quickstart, "--input", input}, `WAYMARK_GROUP_COMMIT="yes": want on or off`},
 		{"WAYMARK_REPLICAS", "2", []string{"effects", "list"}, `WAYMARK_REPLICAS="2": kv config: replicas 2`},
 		{"WAYMARK_REPLICAS", "two", []string{"status", "j"}, `WAYMARK_REPLICAS="two": strconv.Atoi`},
 		{"WAYMARK_INBOX_ACK_WAIT", "-1s", []string{"list"}, `WAYMARK_INBOX_ACK_WAIT="-1s": kv config: inbox ack wait -1s`},

@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/waymark-dev/waymark/internal/natsserver"
 	"github.com/waymark-dev/waymark/internal/testsupport"
 	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
@@ -253,4 +256,39 @@ func (zeros) Read(p []byte) (int, error) {
 		p[i] = '0'
 	}
 	return len(p), nil
+}
+
+// TestGroupCommitDefault: engine run with its embedded server under
+// --sync always commits checkpoints, step messages and results in atomic
+// batches (the streams allow them); under --sync interval it does not.
+func TestGroupCommitDefault(t *testing.T) {
+	t.Parallel()
+	for _, sync := range []string{natsserver.SyncAlways, natsserver.SyncInterval} {
+		dir := t.TempDir()
+		if out, errOut, code := execute(t, "run", repo("examples/quickstart/workflow.yaml"), "--input", repo("examples/quickstart/input.json"),
+			"--data-dir", dir, "--sync", sync, "--model-mode", "replay", "--output", "json"); code != 0 {
+			t.Fatalf("--sync %s: exit %d\n%s\n%s", sync, code, out, errOut)
+		}
+		srv, err := natsserver.Start(natsserver.Config{DataDir: dir, Sync: natsserver.SyncInterval})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, err := srv.Connect("check")
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, _ := jetstream.New(nc)
+		names := kv.NamesFor(kv.DefaultPrefix)
+		for _, name := range []string{"KV_" + names.CheckpointBucket, names.WorkStream, names.InboxStream} {
+			st, err := js.Stream(context.Background(), name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := st.CachedInfo().Config.AllowAtomicPublish, sync == natsserver.SyncAlways; got != want {
+				t.Errorf("--sync %s: stream %s allows atomic batches: %v, want %v", sync, name, got, want)
+			}
+		}
+		nc.Close()
+		srv.Stop(context.Background())
+	}
 }
