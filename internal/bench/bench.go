@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/waymark-dev/waymark/internal/natsserver"
@@ -41,9 +42,13 @@ type Config struct {
 	// HistoryBatch and CacheBytes are the engine's (engine.Config); zero
 	// means its default, a negative CacheBytes no cache.
 	HistoryBatch int `json:"history_batch,omitempty"`
+	CacheBytes   int `json:"cache_bytes,omitempty"`
 	// Lanes is engine.Config.Lanes; zero means its default.
-	Lanes      int `json:"lanes,omitempty"`
-	CacheBytes int `json:"cache_bytes,omitempty"`
+	Lanes int `json:"lanes,omitempty"`
+	// Cluster runs each round on a loopback cluster of that many nodes
+	// (3 or 5), every stream and bucket replicated on all of them; 0 means
+	// one embedded server. CPU is of this process, which runs every node.
+	Cluster int `json:"cluster,omitempty"`
 	// GroupCommit is kv.Config's: "on", "off", or "" for on under sync
 	// always (as the CLI does for an embedded server).
 	GroupCommit string       `json:"group_commit,omitempty"`
@@ -99,6 +104,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("bench: sync %q: want always or interval", c.Sync)
 	case c.Queues != kv.QueueFile && c.Queues != kv.QueueMemory:
 		return fmt.Errorf("bench: queue storage %q: want file or memory", c.Queues)
+	case c.Cluster != 0 && c.Cluster != 3 && c.Cluster != 5:
+		return fmt.Errorf("bench: cluster of %d nodes: want 3 or 5 (or 0)", c.Cluster)
 	}
 	return nil
 }
@@ -204,30 +211,73 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	return summarise(cfg, ours, floors), nil
 }
 
-// system runs cfg's jobs on srv and records per-step completion times in rec.
-type system func(ctx context.Context, cfg Config, srv *natsserver.Server, rec *recorder) error
+// system runs cfg's jobs on tg and records per-step completion times in rec.
+type system func(ctx context.Context, cfg Config, tg *target, rec *recorder) error
+
+// target is where a round runs: one embedded server, or a loopback
+// cluster (Config.Cluster) whose streams have that many replicas.
+type target struct {
+	connect  func(name string) (*nats.Conn, jetstream.JetStream, error)
+	inMsgs   func() int64 // client messages into the server(s)
+	replicas int
+}
+
+// startTarget starts cfg's servers with their files under dir; stop ends
+// them.
+func startTarget(cfg Config, dir string) (tg *target, stop func(), err error) {
+	if cfg.Cluster > 0 {
+		c, err := natsserver.StartCluster(dir, cfg.Cluster, cfg.Sync == natsserver.SyncAlways)
+		if err != nil {
+			return nil, nil, err
+		}
+		connect := func(name string) (*nats.Conn, jetstream.JetStream, error) {
+			nc, err := nats.Connect(c.URLs(), nats.Name(name), nats.MaxReconnects(-1))
+			if err != nil {
+				return nil, nil, err
+			}
+			js, err := jetstream.New(nc)
+			return nc, js, err
+		}
+		return &target{connect: connect, inMsgs: c.InMsgs, replicas: cfg.Cluster}, c.Stop, nil
+	}
+	srv, err := natsserver.Start(natsserver.Config{DataDir: dir, Sync: cfg.Sync})
+	if err != nil {
+		return nil, nil, err
+	}
+	inMsgs := func() int64 {
+		vz, err := srv.Varz(nil)
+		if err != nil {
+			return 0
+		}
+		return vz.InMsgs
+	}
+	stop = func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		srv.Stop(sctx)
+		cancel()
+	}
+	return &target{connect: func(name string) (*nats.Conn, jetstream.JetStream, error) { return srv.JetStream(name) }, inMsgs: inMsgs, replicas: 1}, stop, nil
+}
 
 func measure(ctx context.Context, cfg Config, dir string, run system) (Sample, error) {
-	srv, err := natsserver.Start(natsserver.Config{DataDir: dir, Sync: cfg.Sync})
+	tg, stop, err := startTarget(cfg, dir)
 	if err != nil {
 		return Sample{}, err
 	}
 	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		srv.Stop(sctx)
-		cancel()
+		stop()
 		_ = os.RemoveAll(dir)
 	}()
 	runtime.GC()
 	resetPeakRSS()
 	rec := newRecorder(cfg)
 	heap := sampleHeap()
-	vz0, _ := srv.Varz(nil)
+	in0 := tg.inMsgs()
 	cpu0, io0 := cpuTime(), bytesWritten()
-	writes0 := streamWrites(ctx, srv)
+	writes0 := streamWrites(ctx, tg)
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	err = run(rctx, cfg, srv, rec)
+	err = run(rctx, cfg, tg, rec)
 	peakHeap := heap()
 	if err != nil {
 		return Sample{}, err
@@ -244,10 +294,8 @@ func measure(ctx context.Context, cfg Config, dir string, run system) (Sample, e
 		Committed:    rec.committed.Load(),
 	}
 	s.StepLatency, s.JobLatency = rec.latencies()
-	if vz1, err := srv.Varz(nil); err == nil && vz0 != nil {
-		s.Ops = uint64(vz1.InMsgs - vz0.InMsgs)
-	}
-	s.Writes = streamWrites(ctx, srv) - writes0
+	s.Ops = uint64(tg.inMsgs() - in0)
+	s.Writes = streamWrites(ctx, tg) - writes0
 	return s, nil
 }
 
@@ -412,16 +460,12 @@ func sampleHeap() func() uint64 {
 
 // streamWrites sums the last sequence of every stream: messages ever
 // stored, KV writes included.
-func streamWrites(ctx context.Context, srv *natsserver.Server) uint64 {
-	nc, err := srv.Connect("bench-stats")
+func streamWrites(ctx context.Context, tg *target) uint64 {
+	nc, js, err := tg.connect("bench-stats")
 	if err != nil {
 		return 0
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return 0
-	}
 	var total uint64
 	l := js.ListStreams(ctx)
 	for info := range l.Info() {

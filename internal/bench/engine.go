@@ -21,13 +21,13 @@ import (
 
 // runEngine runs cfg's jobs through Waymark: an engine and a worker in
 // this process, jobs started through the Client as users start them.
-func runEngine(ctx context.Context, cfg Config, srv *natsserver.Server, rec *recorder) error {
-	nc, js, err := srv.JetStream("bench")
+func runEngine(ctx context.Context, cfg Config, tg *target, rec *recorder) error {
+	nc, js, err := tg.connect("bench")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	store, err := kv.Open(ctx, js, kv.Config{QueueStorage: cfg.Queues, GroupCommit: cfg.GroupCommit == "on" || (cfg.GroupCommit == "" && cfg.Sync == natsserver.SyncAlways)}, cfg.Logger)
+	store, err := kv.Open(ctx, js, kv.Config{QueueStorage: cfg.Queues, Replicas: tg.replicas, GroupCommit: cfg.GroupCommit == "on" || (cfg.GroupCommit == "" && cfg.Sync == natsserver.SyncAlways)}, cfg.Logger)
 	if err != nil {
 		return err
 	}

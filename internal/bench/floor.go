@@ -11,8 +11,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/waymark-dev/waymark/internal/natsserver"
 )
 
 // runFloor is the bare loop: per step one KV compare-and-swap of the
@@ -20,19 +18,19 @@ import (
 // with a dedup id), a pull and ack by a worker, one result publish, and a
 // consume and ack by the "engine" side. Written the plain way: every call
 // waits for its acknowledgement, and jobs run in parallel on goroutines.
-func runFloor(ctx context.Context, cfg Config, srv *natsserver.Server, rec *recorder) error {
-	nc, js, err := srv.JetStream("floor")
+func runFloor(ctx context.Context, cfg Config, tg *target, rec *recorder) error {
+	nc, js, err := tg.connect("floor")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	cps, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "floor_checkpoints", History: 1})
+	cps, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "floor_checkpoints", History: 1, Replicas: tg.replicas})
 	if err != nil {
 		return err
 	}
 	for _, sc := range []jetstream.StreamConfig{
-		{Name: "FLOOR_WORK", Subjects: []string{"floor.work"}, Retention: jetstream.WorkQueuePolicy, Duplicates: 2 * time.Minute},
-		{Name: "FLOOR_INBOX", Subjects: []string{"floor.inbox.*"}, Retention: jetstream.WorkQueuePolicy, Duplicates: 2 * time.Minute},
+		{Name: "FLOOR_WORK", Subjects: []string{"floor.work"}, Retention: jetstream.WorkQueuePolicy, Duplicates: 2 * time.Minute, Replicas: tg.replicas},
+		{Name: "FLOOR_INBOX", Subjects: []string{"floor.inbox.*"}, Retention: jetstream.WorkQueuePolicy, Duplicates: 2 * time.Minute, Replicas: tg.replicas},
 	} {
 		if _, err := js.CreateStream(ctx, sc); err != nil {
 			return err

@@ -88,6 +88,7 @@ It prints both and their ratios; medians over --rounds.`,
 	f.StringVar(&c.Queues, "queue-storage", "file", "Waymark's work and inbox queues: file or memory (the floor's stay on file)")
 	f.IntVar(&c.Rounds, "rounds", 1, "rounds of each system; medians are reported")
 	f.IntVar(&c.HistoryBatch, "history-batch", 0, "transitions a checkpoint carries before its history is published (engine default 8)")
+	f.IntVar(&c.Cluster, "cluster", 0, "run on a loopback cluster of 3 or 5 nodes in this process, every stream replicated on all of them (default: one embedded server)")
 	f.IntVar(&c.Lanes, "lanes", 0, "the engine's lanes, each deciding a share of the jobs (default: one per two cores)")
 	f.IntVar(&c.CacheBytes, "cache-bytes", 0, "the engine's checkpoint cache in bytes (default 64 MiB; -1 for none: every transition reads its checkpoint)")
 	f.StringVar(&c.GroupCommit, "group-commit", "", "checkpoint writes as atomic batches, one commit in flight: on or off (default: on under --sync always)")
@@ -187,6 +188,10 @@ func checkBenchFlags(c bench.Config, noFloor, floorOnly bool) error {
 		return fmt.Errorf("--sync %q: want always or interval", c.Sync)
 	case c.Queues != kv.QueueFile && c.Queues != kv.QueueMemory:
 		return fmt.Errorf("--queue-storage %q: want file or memory", c.Queues)
+	case c.Cluster != 0 && c.Cluster != 3 && c.Cluster != 5:
+		return fmt.Errorf("--cluster %d: want 3 or 5 (or 0 for one embedded server)", c.Cluster)
+	case c.GroupCommit != "" && c.GroupCommit != "on" && c.GroupCommit != "off":
+		return fmt.Errorf("--group-commit %q: want on or off", c.GroupCommit)
 	case noFloor && floorOnly:
 		return errors.New("--no-floor and --floor-only together leave nothing to measure: give one of them")
 	}

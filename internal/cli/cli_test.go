@@ -443,6 +443,8 @@ func TestBenchFlagErrors(t *testing.T) {
 		{[]string{"--jobs", "10", "--concurrency", "11"}, `--concurrency 11`},
 		{[]string{"--payload", "-1"}, `--payload -1`},
 		{[]string{"--kind", "fax"}, `--kind "fax"`},
+		{[]string{"--cluster", "2"}, `--cluster 2`},
+		{[]string{"--group-commit", "maybe"}, `--group-commit "maybe"`},
 		{[]string{"--sync", "never"}, `--sync "never"`},
 		{[]string{"--queue-storage", "disk"}, `--queue-storage "disk"`},
 		{[]string{"--no-floor", "--floor-only"}, "--no-floor and --floor-only"},

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/waymark-dev/waymark/internal/natsserver"
 	"github.com/waymark-dev/waymark/kv"
 )
 
@@ -53,44 +53,12 @@ func StartCluster(t testing.TB, n int) *Cluster {
 		t.Fatalf("StartCluster(%d): want at least one node", n)
 	}
 	c := &Cluster{Name: "waymark-test"}
-	// Routes are configured, not discovered: JetStream clustering refuses to
-	// start without them. Route ports are therefore chosen before any node
-	// starts; client ports are the server's own random choice.
-	routePorts := make([]int, n)
-	for i := range routePorts {
-		p, err := freePort()
-		if err != nil {
-			t.Fatalf("start cluster: %v", err)
-		}
-		routePorts[i] = p
+	opts, err := natsserver.ClusterNodeOptions(c.Name, t.TempDir(), n, false)
+	if err != nil {
+		t.Fatalf("start cluster: %v", err)
 	}
-	routes := make([]string, n)
-	for i, p := range routePorts {
-		routes[i] = fmt.Sprintf("nats-route://127.0.0.1:%d", p)
-	}
-	base := t.TempDir()
-	for i := range n {
-		name := fmt.Sprintf("n%d", i+1)
-		node := &ClusterNode{Name: name, Dir: filepath.Join(base, name)}
-		node.opts = &server.Options{
-			ServerName:         name,
-			Host:               "127.0.0.1",
-			Port:               server.RANDOM_PORT,
-			NoSigs:             true,
-			NoLog:              true,
-			MaxPayload:         8 << 20,
-			JetStream:          true,
-			StoreDir:           node.Dir,
-			JetStreamMaxMemory: 256 << 20,
-			JetStreamMaxStore:  1 << 30,
-			Cluster: server.ClusterOpts{
-				Name: c.Name,
-				Host: "127.0.0.1",
-				Port: routePorts[i],
-			},
-			Routes: server.RoutesFromStr(strings.Join(routes, ",")),
-		}
-		c.nodes = append(c.nodes, node)
+	for _, o := range opts {
+		c.nodes = append(c.nodes, &ClusterNode{Name: o.ServerName, Dir: o.StoreDir, opts: o})
 	}
 	// Start every node before waiting for any: a node waits for its
 	// routes, and the metadata group needs a quorum to elect a leader.
@@ -103,16 +71,6 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	t.Cleanup(c.Shutdown)
 	c.WaitReady(t, 30*time.Second)
 	return c
-}
-
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("pick a free port: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 func (c *Cluster) startNode(node *ClusterNode) error {
