@@ -129,7 +129,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		lanesDone.Add(1)
 		go func(ch chan jetstream.Msg) {
 			defer lanesDone.Done()
-			e.lane(ctx, work, ch)
+			e.lane(work, ch)
 		}(lanes[i])
 	}
 	names := e.store.Names
@@ -212,8 +212,8 @@ func (e *Engine) Run(ctx context.Context) error {
 			}
 		}
 	}
-	// Messages the client holds go through the lanes too, which hand them
-	// back at once (a stopped consumer would leave them to the ack wait).
+	// Messages the client holds go through the lanes too: a stopped
+	// consumer would leave them to the ack wait.
 	cc.Drain()
 	<-cc.Closed()
 	for _, ch := range lanes {

@@ -20,10 +20,10 @@ import (
 // whatever else is already waiting (up to BatchSize), and handles them as
 // one batch, so that a busy engine makes fewer, larger rounds of writes.
 //
-// stop ends the lane's intake: messages taken after it are handed back at
-// once for the next engine. ctx carries the work of batches in hand, which
-// a stop does not cut short (the engine bounds it).
-func (e *Engine) lane(stop, ctx context.Context, ch chan jetstream.Msg) {
+// The lane handles every message it is given until ch is closed; ctx
+// carries that work, which a stop does not cut short (the engine bounds
+// it).
+func (e *Engine) lane(ctx context.Context, ch chan jetstream.Msg) {
 	// The lane decides and writes; a settler waits for each batch's
 	// publications and then acknowledges its messages. The lane does not
 	// wait for them, so the next batch is decided while the last one's
@@ -52,14 +52,9 @@ func (e *Engine) lane(stop, ctx context.Context, ch chan jetstream.Msg) {
 				break drain
 			}
 		}
-		if stop.Err() != nil {
-			// Shutting down: hand them back now rather than after the ack
-			// wait, so that the next engine goes on at once.
-			for _, m := range batch {
-				_ = m.Nak()
-			}
-			continue
-		}
+		// Also while the engine stops: a message handed back would wait out
+		// its ack wait once the server restarts (an embedded server does,
+		// with the engine), since the server keeps it as delivered.
 		if st := e.handleBatch(ctx, batch); st != nil {
 			settlements <- st
 		}

@@ -5,7 +5,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"maps"
+	"strings"
 	"time"
 )
 
@@ -29,6 +31,12 @@ func CheckJobInput(input json.RawMessage, inputSchema, stateSchema *Validator) (
 	}
 	var doc any
 	if err := json.Unmarshal(input, &doc); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && strings.HasPrefix(te.Value, "number") {
+			// JSON has no bound on numbers; Waymark reads them as 64-bit
+			// floats (state, schemas, templates and conditions alike).
+			return nil, Errorf(CodeInputInvalid, "input holds the %s, beyond what a 64-bit float holds (about 1.8e308)", te.Value)
+		}
 		return nil, Errorf(CodeInputInvalid, "input is not JSON: %v", err)
 	}
 	if err := inputSchema.Validate(doc); err != nil {

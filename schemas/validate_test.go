@@ -234,3 +234,14 @@ func TestWorkflowSchemaIsValid(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCheckJobInputHugeNumber: a number JSON allows but a 64-bit float
+// cannot hold is refused in JSON's terms, not Go's.
+func TestCheckJobInputHugeNumber(t *testing.T) {
+	t.Parallel()
+	v := mustCompile(t, `{"type": "object"}`)
+	_, err := schemas.CheckJobInput(json.RawMessage(`{"amount": 1e400}`), v, nil)
+	if !errors.Is(err, schemas.ErrInputInvalid) || !strings.Contains(err.Error(), "number 1e400") || strings.Contains(err.Error(), "Go value") {
+		t.Fatalf("err = %v, want input_invalid naming the number without Go types", err)
+	}
+}

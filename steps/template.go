@@ -268,7 +268,7 @@ func checkDotSegments(raw string) error {
 			dec = seg
 		}
 		if dec == "." || dec == ".." {
-			return fmt.Errorf("url %s: path segment %q: a dot segment would send the request to another path; a template value may not change the path", redactURL(raw), dec)
+			return fmt.Errorf("url %s: path segment %q: a dot segment would send the request to another path (write the URL without one; a template value may not make one)", redactURL(raw), dec)
 		}
 	}
 	return nil

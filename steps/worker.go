@@ -26,7 +26,7 @@ import (
 // Defaults for WorkerConfig.
 const (
 	DefaultConcurrency  = 64
-	DefaultFetchWait    = 5 * time.Second
+	DefaultFetchWait    = 2 * time.Second
 	resultPublishTries  = 6
 	resultPublishTimout = 10 * time.Second
 	shutdownHandBack    = time.Second // redelivery delay of a step in hand at shutdown
@@ -51,7 +51,8 @@ type WorkerConfig struct {
 	// Heartbeat is how often a running step extends its lease with an
 	// InProgress acknowledgement. Default a third of the work ack wait.
 	Heartbeat time.Duration
-	// FetchWait bounds one pull request. Default 5s.
+	// FetchWait bounds one pull request, and so how long a stop waits for
+	// the last one to end (see Run). Default 2s.
 	FetchWait time.Duration
 	// DrainTimeout is how long steps in hand may run on after Run's context
 	// ends, to finish and report; then they are cancelled and handed back.
@@ -182,7 +183,14 @@ func (w *Worker) Run(ctx context.Context) error {
 				break reserve
 			}
 		}
-		fctx, cancel := context.WithTimeout(ctx, w.cfg.FetchWait)
+		// The pull request outlives a stop: the server cannot be told to
+		// drop it, and what it delivered to a request the client no longer
+		// waits for would sit out its lease. So a stop lets the fetch end
+		// (at most FetchWait) and runs what it brings, like every step in
+		// hand: one handed back would wait out its lease too once the
+		// server restarts (an embedded one does, with the worker), since
+		// the server keeps it as delivered.
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.FetchWait)
 		batch, err := cons.Fetch(n, jetstream.FetchContext(fctx))
 		got := 0
 		if err == nil {

@@ -200,6 +200,9 @@ func (b *workerBundle) start(cfg WorkerConfig) (*Worker, func()) {
 		// The worker stops in t.Cleanup, so it never logs after the test.
 		cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
 	}
+	if cfg.FetchWait == 0 {
+		cfg.FetchWait = 200 * time.Millisecond // a stop waits for the last pull
+	}
 	w, err := NewWorker(cfg)
 	if err != nil {
 		t.Fatalf("NewWorker: %v", err)

@@ -142,6 +142,9 @@ func (b *effBundle) run(fn func(context.Context) error) {
 func (b *effBundle) startWorker(cfg steps.WorkerConfig) *steps.Worker {
 	b.t.Helper()
 	cfg.Store, cfg.Env, cfg.Logger = b.store, b.env, b.logger(cfg.ID)
+	if cfg.FetchWait == 0 {
+		cfg.FetchWait = 200 * time.Millisecond // a stop waits for the last pull
+	}
 	w, err := steps.NewWorker(cfg)
 	if err != nil {
 		b.t.Fatal(err)

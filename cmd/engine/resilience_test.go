@@ -102,6 +102,9 @@ func resilWorker(t *testing.T, store *kv.Store, env *steps.Env, fp *failpoint.Se
 // resilRunWorker runs a worker with cfg until the test ends.
 func resilRunWorker(t *testing.T, cfg steps.WorkerConfig) *steps.Worker {
 	t.Helper()
+	if cfg.FetchWait == 0 {
+		cfg.FetchWait = 200 * time.Millisecond // a stop waits for the last pull
+	}
 	w, err := steps.NewWorker(cfg)
 	if err != nil {
 		t.Fatal(err)
