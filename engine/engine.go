@@ -247,7 +247,7 @@ func (e *Engine) Run(ctx context.Context) error {
 // were lost; the caller dispatches again what they held (Requeue). Errors
 // are logged and retried at the next check.
 func (e *Engine) recoverQueues(ctx context.Context) bool {
-	intact, err := e.store.QueuesIntact(ctx)
+	intact, marked, err := e.store.QueueState(ctx)
 	if err != nil {
 		e.log.Warn("cannot check the queues; will try again", "err", err)
 		return false
@@ -263,7 +263,11 @@ func (e *Engine) recoverQueues(ctx context.Context) bool {
 		e.log.Warn("cannot mark the queues; will try again", "err", err)
 		return false
 	}
-	e.log.Info("the queues were lost or never marked; running jobs are dispatched again from their checkpoints")
+	if marked {
+		e.log.Info("the queues were lost; running jobs are dispatched again from their checkpoints")
+	} else {
+		e.log.Debug("the queues are marked for the first time")
+	}
 	return true
 }
 

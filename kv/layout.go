@@ -1163,18 +1163,25 @@ func (s *Store) epochSubject() string { return s.Names.prefix + ".queue_epoch" }
 // marked): engines must then dispatch every running job's current step
 // again from its checkpoint.
 func (s *Store) QueuesIntact(ctx context.Context) (bool, error) {
+	intact, _, err := s.QueueState(ctx)
+	return intact, err
+}
+
+// QueueState is QueuesIntact, and whether the queues were ever marked (a
+// new deployment's are not: nothing was lost).
+func (s *Store) QueueState(ctx context.Context) (intact, marked bool, err error) {
 	want, err := s.Definitions.kv.Get(ctx, queueEpochKey)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return false, nil
+		return false, false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("read queue epoch: %w", err)
+		return false, false, fmt.Errorf("read queue epoch: %w", err)
 	}
 	marker, _, err := s.lastEpochMarker(ctx)
 	if err != nil {
-		return false, fmt.Errorf("read queue epoch: %w", err)
+		return false, true, fmt.Errorf("read queue epoch: %w", err)
 	}
-	return marker != "" && marker == string(want.Value()), nil
+	return marker != "" && marker == string(want.Value()), true, nil
 }
 
 // lastEpochMarker returns the last marker message and its stream sequence

@@ -331,7 +331,7 @@ func (a *API) listJobs(w http.ResponseWriter, r *http.Request) {
 func (a *API) getJob(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if err := client.ValidateJobID(id); err != nil {
-		a.fail(w, r, schemas.Errorf(schemas.CodeNotFound, "no job %q", id))
+		a.fail(w, r, err) // 400: no job can have this id
 		return
 	}
 	v, err := a.Client.Job(r.Context(), id)
@@ -345,7 +345,7 @@ func (a *API) getJob(w http.ResponseWriter, r *http.Request) {
 func (a *API) getHistory(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if err := client.ValidateJobID(id); err != nil {
-		a.fail(w, r, schemas.Errorf(schemas.CodeNotFound, "no job %q", id))
+		a.fail(w, r, err) // 400: no job can have this id
 		return
 	}
 	if _, err := a.Client.Store().Checkpoints.Get(r.Context(), id); err != nil {

@@ -149,6 +149,8 @@ func TestHTTPAPI(t *testing.T) {
 		{"GET", "/v1/jobs?workflow=*", "", 400, "input_invalid", []string{"not a workflow name"}},
 		{"GET", "/v1/jobs?after=99999999.99999999", "", 400, "input_invalid", []string{"cursor"}},
 		{"GET", "/v1/jobs/absent", "", 404, "not_found", []string{`no job "absent"`}},
+		{"GET", "/v1/jobs/bad%20id!", "", 400, "input_invalid", []string{`job id "bad id!"`}},
+		{"GET", "/v1/effects?job=bad%20id!", "", 400, "input_invalid", []string{`job id "bad id!"`}},
 		{"GET", "/v1/jobs/absent/history", "", 404, "not_found", nil},
 		{"GET", "/v1/jobs?limit=0", "", 400, "input_invalid", nil},
 		{"GET", "/v1/jobs?status=bogus", "", 400, "input_invalid",

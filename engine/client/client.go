@@ -276,9 +276,13 @@ func CheckInput(def *schemas.Definition, input json.RawMessage) error {
 	return err
 }
 
-// Job returns job id's record. Errors: schemas.ErrNotFound,
+// Job returns job id's record. Errors: schemas.ErrInputInvalid for an id
+// no job can have (ValidateJobID), schemas.ErrNotFound,
 // schemas.ErrQuarantined.
 func (c *Client) Job(ctx context.Context, id string) (*JobView, error) {
+	if err := ValidateJobID(id); err != nil {
+		return nil, err
+	}
 	ent, err := c.store.Checkpoints.Get(ctx, id)
 	if err != nil {
 		return nil, err
@@ -418,8 +422,12 @@ func derefTime(t *time.Time) time.Time {
 // History returns job id's history events in the order they happened:
 // those in the history stream and those its checkpoint still holds (see
 // Config.HistoryBatch). For a quarantined job it returns the stream's
-// events, or schemas.ErrQuarantined when the stream holds none.
+// events, or schemas.ErrQuarantined when the stream holds none. An id no
+// job can have is schemas.ErrInputInvalid.
 func (c *Client) History(ctx context.Context, id string) ([]schemas.HistoryEvent, error) {
+	if err := ValidateJobID(id); err != nil {
+		return nil, err
+	}
 	var out []schemas.HistoryEvent
 	seen := map[string]bool{}
 	err := c.follow(ctx, id, func(h schemas.HistoryEvent, pending uint64) bool {
@@ -597,7 +605,13 @@ type EffectFilter struct {
 }
 
 // Effects lists effect ledger records, most recently updated first.
+// Errors: schemas.ErrInputInvalid for a Job no job can have.
 func (c *Client) Effects(ctx context.Context, f EffectFilter) ([]*schemas.EffectRecord, error) {
+	if f.Job != "" {
+		if err := ValidateJobID(f.Job); err != nil {
+			return nil, err
+		}
+	}
 	if f.Limit <= 0 {
 		f.Limit = 1000
 	}

@@ -217,6 +217,7 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"validate", "testdata/typed-input.yaml", "--input", "testdata/bad-input.json"}, "/amount_cents"},
 		{[]string{"status", "bad id!", "--output", "text"}, `job id "bad id!"`},
 		{[]string{"history", "bad id!", "--output", "json"}, `job id "bad id!"`},
+		{[]string{"effects", "list", "--job", "bad id!"}, `--job: input_invalid: job id "bad id!"`},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args[2:], " "), func(t *testing.T) {

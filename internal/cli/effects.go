@@ -41,6 +41,11 @@ func newEffectsListCmd(g *globals) *cobra.Command {
 			default:
 				return &ExitError{Code: 2, Err: fmt.Errorf("--state %q: want prepared, dispatched, confirmed, ambiguous or reconciled", state)}
 			}
+			if job != "" {
+				if err := client.ValidateJobID(job); err != nil {
+					return &ExitError{Code: 2, Err: fmt.Errorf("--job: %w", err)}
+				}
+			}
 			return g.withClient(cmd.Context(), func(c *client.Client, _ *kv.Store) error {
 				recs, err := c.Effects(cmd.Context(), client.EffectFilter{Job: job, State: schemas.EffectState(state)})
 				if err != nil {
