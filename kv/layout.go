@@ -497,8 +497,10 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 			MaxMsgSize:        c.MaxMessageBytes,
 		},
 	}
-	_, err = s.JS.KeyValue(ctx, n.JobsBucket)
-	s.backfill = errors.Is(err, jetstream.ErrBucketNotFound)
+	if s.Jobs == nil { // Open: Reopen (which engines may call at once) leaves it
+		_, err = s.JS.KeyValue(ctx, n.JobsBucket)
+		s.backfill = errors.Is(err, jetstream.ErrBucketNotFound)
+	}
 	jobs, err := s.ensureBucket(ctx, jetstream.KeyValueConfig{
 		Bucket:       n.JobsBucket,
 		Description:  "Waymark job index: active.<workflow>.<job> while a job may still change, ended.<status>.<workflow>.<job> once it finished; listings and the reconciler read it instead of every checkpoint",
