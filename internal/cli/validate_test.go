@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/waymark-dev/waymark/internal/natsserver"
 	"github.com/waymark-dev/waymark/internal/testsupport"
 	"github.com/waymark-dev/waymark/kv"
@@ -269,18 +267,10 @@ func TestGroupCommitDefault(t *testing.T) {
 			"--data-dir", dir, "--sync", sync, "--model-mode", "replay", "--output", "json"); code != 0 {
 			t.Fatalf("--sync %s: exit %d\n%s\n%s", sync, code, out, errOut)
 		}
-		srv, err := natsserver.Start(natsserver.Config{DataDir: dir, Sync: natsserver.SyncInterval})
-		if err != nil {
-			t.Fatal(err)
-		}
-		nc, err := srv.Connect("check")
-		if err != nil {
-			t.Fatal(err)
-		}
-		js, _ := jetstream.New(nc)
-		names := kv.NamesFor(kv.DefaultPrefix)
+		store, closeStore := openDataDir(t, dir)
+		names := store.Names
 		for _, name := range []string{"KV_" + names.CheckpointBucket, names.WorkStream, names.InboxStream} {
-			st, err := js.Stream(context.Background(), name)
+			st, err := store.JS.Stream(context.Background(), name)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -288,7 +278,6 @@ func TestGroupCommitDefault(t *testing.T) {
 				t.Errorf("--sync %s: stream %s allows atomic batches: %v, want %v", sync, name, got, want)
 			}
 		}
-		nc.Close()
-		srv.Stop(context.Background())
+		closeStore()
 	}
 }
