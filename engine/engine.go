@@ -83,6 +83,15 @@ func (e *Engine) Run(ctx context.Context) error {
 			e.cleanStops[s] = true
 		}
 	}
+	if e.cfg.SoleEngine {
+		// Messages delivered to the process before this one (stopped or
+		// killed) would wait out the inbox ack wait: no one else has them.
+		if n, err := e.store.ReleaseEngineDeliveries(ctx); err != nil {
+			e.log.Warn("cannot hand back the inbox messages an earlier process held; they come back after the inbox ack wait", "err", err)
+		} else if n > 0 {
+			e.log.Info("handed back the inbox messages an earlier engine process held", "messages", n)
+		}
+	}
 	cons, err := e.store.EngineConsumer(ctx)
 	if err != nil {
 		if ctx.Err() != nil {

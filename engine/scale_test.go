@@ -926,3 +926,37 @@ func (b *bundle) runSoleEngine() (stop func()) {
 	t.Cleanup(stop)
 	return stop
 }
+
+// TestSoleEngineTakesBackDeliveries: inbox messages delivered to an
+// earlier engine process and never acknowledged (it stopped or died with
+// them in hand) are taken back by the next sole engine at once, not after
+// the inbox ack wait (a minute here).
+func TestSoleEngineTakesBackDeliveries(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{noEngine: true, kv: kv.Config{InboxAckWait: time.Minute}})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	def := b.define("name: one\nversion: 1\nsteps:\n  - {id: a, kind: noop, pool: idle}\n")
+	id := b.start(def, `{}`, "held")
+	// The earlier process: it takes the start request and never answers.
+	cons, err := b.store.EngineConsumer(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for range batch.Messages() {
+		n++
+	}
+	if n != 1 {
+		t.Fatalf("fetched %d start requests, want 1", n)
+	}
+	b.runSoleEngine()
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		ent, err := b.store.Checkpoints.Get(ctx, id)
+		return err == nil && ent.Checkpoint.Status == schemas.JobRunning && ent.Checkpoint.Current != nil
+	}, "the job was not started within 10s: its start request waits out the inbox ack wait")
+}

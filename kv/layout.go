@@ -583,6 +583,39 @@ func (s *Store) EngineConsumer(ctx context.Context) (jetstream.Consumer, error) 
 	return c, nil
 }
 
+// ReleaseEngineDeliveries hands back at once the inbox messages the engine
+// consumer counts as delivered and not acknowledged, by making the consumer
+// again (the messages stay in the work-queue stream; a new consumer
+// delivers them from the start). It is for the sole engine of a deployment
+// (an embedded server, whose data directory one process holds): the
+// process they were delivered to is gone, and the server would otherwise
+// wait out their ack wait, which it keeps across its own restart. It
+// returns how many were held. Never call it with other engines running:
+// their messages in hand would be delivered twice (harmless, but wasted).
+func (s *Store) ReleaseEngineDeliveries(ctx context.Context) (int, error) {
+	c, err := s.JS.Consumer(ctx, s.Names.InboxStream, s.Names.EngineConsumer)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read consumer %s: %w", s.Names.EngineConsumer, err)
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("read consumer %s: %w", s.Names.EngineConsumer, err)
+	}
+	if info.NumAckPending == 0 {
+		return 0, nil
+	}
+	if err := s.JS.DeleteConsumer(ctx, s.Names.InboxStream, s.Names.EngineConsumer); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return 0, fmt.Errorf("release consumer %s: %w", s.Names.EngineConsumer, err)
+	}
+	if err := s.Reopen(ctx); err != nil {
+		return 0, fmt.Errorf("release consumer %s: %w", s.Names.EngineConsumer, err)
+	}
+	return info.NumAckPending, nil
+}
+
 // The start-up checks. Every setting Waymark relies on is compared with
 // what an existing stream, bucket or consumer has. A difference Waymark
 // cannot work with (data would expire, be dropped silently, or land where

@@ -195,7 +195,18 @@ func (s *stack) stop() {
 		_ = r.r.Close()
 	}
 	if s.nc != nil {
-		_ = s.nc.Drain()
+		// Acknowledgements still in the client's buffer must reach the
+		// server before it stops: one lost would have its message delivered
+		// again after the ack wait. Drain is asynchronous; wait for it.
+		_ = s.nc.FlushTimeout(2 * time.Second)
+		closed := make(chan struct{})
+		s.nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
+		if err := s.nc.Drain(); err == nil {
+			select {
+			case <-closed:
+			case <-time.After(5 * time.Second):
+			}
+		}
 	}
 	if s.srv != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
