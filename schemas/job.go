@@ -16,8 +16,8 @@ import (
 // Errors: ErrInputInvalid, saying what is wrong.
 func CheckJobInput(input json.RawMessage, inputSchema, stateSchema *Validator) (json.RawMessage, error) {
 	var compact bytes.Buffer
-	if len(bytes.TrimSpace(input)) == 0 {
-		input = json.RawMessage("{}")
+	if t := bytes.TrimSpace(input); len(t) == 0 || string(t) == "null" {
+		input = json.RawMessage("{}") // absent or null: no input
 	}
 	if err := json.Compact(&compact, input); err != nil {
 		return nil, Errorf(CodeInputInvalid, "input is not JSON: %v", err)

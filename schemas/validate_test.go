@@ -245,3 +245,12 @@ func TestCheckJobInputHugeNumber(t *testing.T) {
 		t.Fatalf("err = %v, want input_invalid naming the number without Go types", err)
 	}
 }
+
+// TestCheckJobInputNull: a null input is no input, as an absent one is.
+func TestCheckJobInputNull(t *testing.T) {
+	t.Parallel()
+	got, err := schemas.CheckJobInput(json.RawMessage(` null `), mustCompile(t, `{"type": "object"}`), nil)
+	if err != nil || string(got) != "{}" {
+		t.Fatalf("CheckJobInput(null) = %s, %v; want {}", got, err)
+	}
+}

@@ -208,8 +208,12 @@ func joinInts(ns []int) string {
 
 func printBench(w io.Writer, r *bench.Result) {
 	c := r.Config
-	fmt.Fprintf(w, "%d jobs x %d %s steps, %d in flight, %d-byte state, sync %s, %s queues, %d round(s)\n\n",
-		c.Jobs, c.Steps, c.Kind, c.Concurrency, c.Payload, c.Sync, c.Queues, c.Rounds)
+	where := "one embedded server"
+	if c.Cluster > 0 {
+		where = fmt.Sprintf("a %d-node loopback cluster, streams replicated on every node", c.Cluster)
+	}
+	fmt.Fprintf(w, "%d jobs x %d %s steps, %d in flight, %d-byte state, sync %s, %s queues, %s, %d round(s)\n\n",
+		c.Jobs, c.Steps, c.Kind, c.Concurrency, c.Payload, c.Sync, c.Queues, where, c.Rounds)
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "\twaymark\tfloor\tratio\t")
 	row := func(name string, a, b float64, format string) {
