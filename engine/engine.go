@@ -74,23 +74,7 @@ func New(cfg Config) (*Engine, error) {
 func (e *Engine) Run(ctx context.Context) error {
 	e.ctr.started.Store(e.cfg.Now().UnixNano())
 	if e.cfg.SoleEngine {
-		stops, err := e.store.CleanStops(ctx)
-		if err != nil {
-			e.log.Warn("cannot read which engines stopped cleanly; jobs taken over from them count as resumed", "err", err)
-		}
-		e.cleanStops = make(map[string]bool, len(stops))
-		for _, s := range stops {
-			e.cleanStops[s] = true
-		}
-	}
-	if e.cfg.SoleEngine {
-		// Messages delivered to the process before this one (stopped or
-		// killed) would wait out the inbox ack wait: no one else has them.
-		if n, err := e.store.ReleaseEngineDeliveries(ctx); err != nil {
-			e.log.Warn("cannot hand back the inbox messages an earlier process held; they come back after the inbox ack wait", "err", err)
-		} else if n > 0 {
-			e.log.Info("handed back the inbox messages an earlier engine process held", "messages", n)
-		}
+		e.takeOver(ctx)
 	}
 	cons, err := e.store.EngineConsumer(ctx)
 	if err != nil {
@@ -249,6 +233,28 @@ func (e *Engine) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// takeOver prepares the sole engine of a deployment (SoleEngine) to go on
+// from the process before it: it reads which earlier processes stopped
+// cleanly (taking a job over from one is no recovery), and takes back the
+// inbox messages the consumer still counts as delivered to one, which
+// would otherwise wait out the inbox ack wait: no one else has them.
+// Failures are logged; both only cost a count or a delay.
+func (e *Engine) takeOver(ctx context.Context) {
+	stops, err := e.store.CleanStops(ctx)
+	if err != nil {
+		e.log.Warn("cannot read which engines stopped cleanly; jobs taken over from them count as resumed", "err", err)
+	}
+	e.cleanStops = make(map[string]bool, len(stops))
+	for _, s := range stops {
+		e.cleanStops[s] = true
+	}
+	if n, err := e.store.ReleaseEngineDeliveries(ctx); err != nil {
+		e.log.Warn("cannot take back the inbox messages an earlier process held; they come back after the inbox ack wait", "err", err)
+	} else if n > 0 {
+		e.log.Info("took back the inbox messages an earlier engine process held", "messages", n)
+	}
 }
 
 // recoverQueues checks the queue epoch and, when the queues were lost,

@@ -15,8 +15,8 @@ import (
 // before lostAt whose step message is not in the work stream, whose
 // result is not in the inbox, and for which the inbox holds nothing else
 // (a redelivered message brings the engine that takes it to the job).
-// Memory queues lose everything in a server restart, async queues the
-// last writes before a server crash; both end here. A dispatch is looked
+// Memory queues lose everything in a server restart; what a worker
+// published into the new queues since is left alone. A dispatch is looked
 // at only once PublishGrace has passed since it was recorded, so that a
 // live engine's publication under way is not taken for a loss. The step
 // goes under a new attempt number (a late result of the old attempt is

@@ -8,20 +8,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/waymark-dev/waymark/internal/testsupport"
 	"github.com/waymark-dev/waymark/schemas"
 )
-
-func chainWorkflow(name string, n int) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "name: %s\nversion: 1\nsteps:\n", name)
-	for i := 1; i <= n; i++ {
-		fmt.Fprintf(&b, "  - id: s%d\n    kind: noop\n", i)
-		if i < n {
-			fmt.Fprintf(&b, "    next: [{to: s%d}]\n", i+1)
-		}
-	}
-	return b.String()
-}
 
 // TestCheckpointSizeDoesNotGrowWithStepsDone runs a 10-step and a
 // 1,000-step chain on the same 1 KiB state: the longer job's final
@@ -36,7 +25,7 @@ func TestCheckpointSizeDoesNotGrowWithStepsDone(t *testing.T) {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, n := range []int{10, 1000} {
-		def := b.define(chainWorkflow(fmt.Sprintf("chain%d", n), n))
+		def := b.define(testsupport.NoopChain(fmt.Sprintf("chain%d", n), n))
 		id := b.start(def, input, fmt.Sprintf("chain-%d", n))
 		wg.Add(1)
 		go func() {

@@ -288,9 +288,9 @@ type Store struct {
 
 	// testEpochHook, when set (tests), runs at each stage of MarkQueues.
 	testEpochHook func(stage string)
-	// queueCommits: group committers of the work and inbox streams, by
-	// subject prefix (Config.GroupCommit).
-	queueCommits map[string]*groupCommit
+	// workCommit, inboxCommit: group committers of the work and inbox
+	// streams (Config.GroupCommit, file queues); nil: publishes go alone.
+	workCommit, inboxCommit *groupCommit
 }
 
 // PublishAsync publishes m (a step message or an inbox message) without
@@ -300,10 +300,11 @@ type Store struct {
 // a stream sequence, Duplicate when the Nats-Msg-Id was stored before, or
 // the server's error.
 func (s *Store) PublishAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
-	for prefix, g := range s.queueCommits {
-		if strings.HasPrefix(m.Subject, prefix) {
-			return g.add(m), nil
-		}
+	switch {
+	case s.workCommit != nil && strings.HasPrefix(m.Subject, s.Names.WorkSubjectPrefix):
+		return s.workCommit.add(m), nil
+	case s.inboxCommit != nil && strings.HasPrefix(m.Subject, s.Names.InboxPrefix):
+		return s.inboxCommit.add(m), nil
 	}
 	return s.JS.PublishMsgAsync(m)
 }
@@ -337,18 +338,19 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config, log *slog.Log
 			s.Checkpoints.group = &groupCommit{js: js, stream: "KV_" + s.Names.CheckpointBucket}
 		}
 		// Queue messages of file queues are fsynced one by one too; memory
-		// and async queues have no fsync to share.
-		s.queueCommits = map[string]*groupCommit{}
-		for prefix, stream := range map[string]string{s.Names.WorkSubjectPrefix: s.Names.WorkStream, s.Names.InboxPrefix: s.Names.InboxStream} {
-			if s.Config.QueueStorage != QueueFile {
-				break
-			}
-			ok, err := s.allowAtomic(ctx, stream)
-			if err != nil {
-				return nil, err
-			}
-			if ok {
-				s.queueCommits[prefix] = &groupCommit{js: js, stream: stream}
+		// queues have no fsync to share.
+		if s.Config.QueueStorage == QueueFile {
+			for _, q := range []struct {
+				stream string
+				gc     **groupCommit
+			}{{s.Names.WorkStream, &s.workCommit}, {s.Names.InboxStream, &s.inboxCommit}} {
+				ok, err := s.allowAtomic(ctx, q.stream)
+				if err != nil {
+					return nil, err
+				}
+				if ok {
+					*q.gc = &groupCommit{js: js, stream: q.stream}
+				}
 			}
 		}
 	}
@@ -583,7 +585,7 @@ func (s *Store) EngineConsumer(ctx context.Context) (jetstream.Consumer, error) 
 	return c, nil
 }
 
-// ReleaseEngineDeliveries hands back at once the inbox messages the engine
+// ReleaseEngineDeliveries makes available again at once the inbox messages the engine
 // consumer counts as delivered and not acknowledged, by making the consumer
 // again (the messages stay in the work-queue stream; a new consumer
 // delivers them from the start). It is for the sole engine of a deployment

@@ -345,19 +345,9 @@ func TestCleanStopOfEmbeddedServe(t *testing.T) {
 			}
 		}
 	}
-	var src strings.Builder
-	src.WriteString("name: long\nversion: 1\nsteps:\n")
-	const steps = 300
-	for i := 1; i <= steps; i++ {
-		fmt.Fprintf(&src, "  - {id: s%d, kind: noop", i)
-		if i < steps {
-			fmt.Fprintf(&src, ", next: [{to: s%d}]", i+1)
-		}
-		src.WriteString("}\n")
-	}
 	first := spawn(t, env, bin, args...)
 	api := apiOf(first)
-	call("POST", api+"/v1/workflows", src.String(), nil)
+	call("POST", api+"/v1/workflows", testsupport.NoopChain("long", 300), nil)
 	const jobs = 20
 	for i := range jobs {
 		call("POST", api+"/v1/jobs", fmt.Sprintf(`{"workflow": "long", "job_id": "busy-%d"}`, i), nil)

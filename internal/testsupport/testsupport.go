@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -173,4 +174,18 @@ func Binary(t testing.TB, name string) string {
 func ModuleRoot() string {
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// NoopChain returns the YAML of workflow name: n noop steps s1..sn, each
+// leading to the next.
+func NoopChain(name string, n int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "name: %s\nversion: 1\nsteps:\n", name)
+	for i := 1; i <= n; i++ {
+		fmt.Fprintf(&b, "  - id: s%d\n    kind: noop\n", i)
+		if i < n {
+			fmt.Fprintf(&b, "    next: [{to: s%d}]\n", i+1)
+		}
+	}
+	return b.String()
 }
