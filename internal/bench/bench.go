@@ -125,6 +125,7 @@ type Sample struct {
 	Checkpoint   int64           `json:"checkpoint_bytes"` // largest final checkpoint of a job
 	Commits      uint64          `json:"group_commits"`    // atomic batches of checkpoints (kv.Config.GroupCommit)
 	Committed    uint64          `json:"group_committed"`  // checkpoint writes they carried
+	Replicas     int             `json:"replicas"`         // of Waymark's streams, as the server reports them
 }
 
 // Result is what Run reports: medians over the rounds.
@@ -165,7 +166,9 @@ type Result struct {
 	// WritesPerCommit is the mean number of checkpoint writes per group
 	// commit (0 without group commit).
 	WritesPerCommit float64 `json:"checkpoint_writes_per_commit"`
-	FloorPeakRSS    uint64  `json:"floor_peak_rss_bytes"`
+	// Replicas of Waymark's streams, as the server reported them.
+	Replicas     int    `json:"replicas"`
+	FloorPeakRSS uint64 `json:"floor_peak_rss_bytes"`
 
 	ThroughputRatio float64 `json:"throughput_ratio"` // steps_per_s / floor_steps_per_s
 	LatencyRatio    float64 `json:"latency_ratio"`    // step_p50 / floor_step_p50
@@ -292,6 +295,7 @@ func measure(ctx context.Context, cfg Config, dir string, run system) (Sample, e
 		Checkpoint:   rec.cpMax.Load(),
 		Commits:      rec.commits.Load(),
 		Committed:    rec.committed.Load(),
+		Replicas:     int(rec.replicas.Load()),
 	}
 	s.StepLatency, s.JobLatency = rec.latencies()
 	s.Ops = uint64(tg.inMsgs() - in0)
@@ -314,6 +318,8 @@ type recorder struct {
 	// commits, committed: group commits of checkpoints and the writes they
 	// carried (Waymark only).
 	commits, committed atomic.Uint64
+	// replicas of the checkpoint bucket's stream (Waymark only).
+	replicas atomic.Int64
 }
 
 func newRecorder(cfg Config) *recorder {
@@ -541,6 +547,9 @@ func summarise(cfg Config, ours, floors []Sample) *Result {
 	var commits, committed uint64
 	for _, s := range ours {
 		commits, committed = commits+s.Commits, committed+s.Committed
+	}
+	for _, s := range ours {
+		r.Replicas = max(r.Replicas, s.Replicas)
 	}
 	if commits > 0 {
 		r.WritesPerCommit = float64(committed) / float64(commits)

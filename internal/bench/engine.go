@@ -31,6 +31,9 @@ func runEngine(ctx context.Context, cfg Config, tg *target, rec *recorder) error
 	if err != nil {
 		return err
 	}
+	if st, err := js.Stream(ctx, "KV_"+store.Names.CheckpointBucket); err == nil {
+		rec.replicas.Store(int64(st.CachedInfo().Config.Replicas))
+	}
 	env := &steps.Env{ModelMode: steps.ModelReplay}
 	if cfg.Kind == "http" {
 		hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
