@@ -346,13 +346,7 @@ func TestConflictingStartLeavesOneIndexEntry(t *testing.T) {
 	def := b.define(fiveSteps)
 	other := b.define(strings.Replace(fiveSteps, "name: five", "name: other", 1))
 	newer := b.define(strings.Replace(fiveSteps, "version: 1", "version: 2", 1))
-	id := b.start(def, `{}`, "taken")
-	b.wait(id)
-	for _, d := range []*schemas.Definition{other, newer, other} {
-		if _, err := b.client.Start(ctx, d, json.RawMessage(`{}`), client.StartOptions{JobID: id}); !errors.Is(err, schemas.ErrConflict) {
-			t.Fatalf("start %s with %s v%d: %v, want a conflict", id, d.Name, d.Version, err)
-		}
-	}
+	id := "taken"
 	entries := func() []string {
 		var keys []string
 		for _, f := range []func(context.Context, func(kv.IndexEntry) bool) error{b.store.Jobs.Active, b.store.Jobs.Ended} {
@@ -367,7 +361,21 @@ func TestConflictingStartLeavesOneIndexEntry(t *testing.T) {
 		}
 		return keys
 	}
-	if got := entries(); len(got) != 1 || got[0] != kv.EndedKey(schemas.JobCompleted, "five", id) {
+	b.start(def, `{}`, id)
+	b.wait(id)
+	ended := kv.EndedKey(schemas.JobCompleted, "five", id)
+	// The ended entry follows the terminal checkpoint, and the active one is
+	// purged after it: wait for both before the conflicting starts.
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		got := entries()
+		return len(got) == 1 && got[0] == ended
+	}, "the finished job's index entries never settled")
+	for _, d := range []*schemas.Definition{other, newer, other} {
+		if _, err := b.client.Start(ctx, d, json.RawMessage(`{}`), client.StartOptions{JobID: id}); !errors.Is(err, schemas.ErrConflict) {
+			t.Fatalf("start %s with %s v%d: %v, want a conflict", id, d.Name, d.Version, err)
+		}
+	}
+	if got := entries(); len(got) != 1 || got[0] != ended {
 		t.Fatalf("index entries of %s: %v, want only its ended entry", id, got)
 	}
 	page, err := b.client.List(ctx, client.ListFilter{Workflow: "other"})
