@@ -48,7 +48,16 @@ func pendingJob(c *compiled, req *schemas.StartRequest, msgID string, now time.T
 func startJob(c *compiled, cp *schemas.Checkpoint, now time.Time) []event {
 	cp.Status = schemas.JobRunning
 	evs := []event{{typ: schemas.EventJobStarted, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status), Input: cp.State}}}
-	return append(evs, dispatch(c, cp, c.def.StartStep(), true, time.Time{}, now))
+	return append(evs, enter(c, cp, c.def.StartStep(), now)...)
+}
+
+// enter begins a new run of step: its first dispatch, or for a parallel or
+// for_each step its fan.
+func enter(c *compiled, cp *schemas.Checkpoint, step string, now time.Time) []event {
+	if s := c.def.Step(step); s != nil && isFan(s) {
+		return startFan(c, cp, s, now)
+	}
+	return []event{dispatch(c, cp, step, true, time.Time{}, now)}
 }
 
 // newJob builds a job's first checkpoint and starts it at once: for a start
@@ -67,16 +76,7 @@ func newJob(c *compiled, req *schemas.StartRequest, msgID string, now time.Time)
 // pure gets its effect's ledger key; a key template that cannot be
 // rendered fails the job (nothing was called).
 func dispatch(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, notBefore, now time.Time) event {
-	rec := cp.Steps[step]
-	if rec == nil {
-		rec = &schemas.StepRecord{}
-		if idx := c.def.StepIndex(step); cp.Completed.Has(idx) {
-			// Entered again: the record Completed stood for comes back.
-			rec = &schemas.StepRecord{Status: schemas.StepCompleted, Attempts: 1, Runs: 1, RunAttempt: 1}
-			cp.Completed = cp.Completed.Without(idx)
-		}
-		cp.Steps[step] = rec
-	}
+	rec := stepRecord(c, cp, step) // entered again: the record Completed stood for comes back
 	idx := c.def.StepIndex(step)
 	s := c.def.Step(step)
 	runs := rec.Runs
@@ -115,7 +115,11 @@ func dispatch(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, not
 		d.NotBefore = &nb
 		rec.Status = schemas.StepRetrying
 	}
-	cp.Current = d
+	if cp.Fan != nil {
+		cp.Fan.Running = append(cp.Fan.Running, d) // a parallel step's branch
+	} else {
+		cp.Current = d
+	}
 	return event{typ: schemas.EventStepDispatched, data: schemas.HistoryData{
 		Job: cp.JobID, Step: step, Attempt: d.Attempt, Status: string(rec.Status), NotBefore: notBefore, EffectKey: key,
 	}}
@@ -148,18 +152,23 @@ func redispatch(cp *schemas.Checkpoint, now time.Time, reason string) event {
 	}}
 }
 
-// dispatchOrStop dispatches step, unless the job has used up its step
-// budget (max_steps): a loop that never ends fails the job instead.
-func dispatchOrStop(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, notBefore, now time.Time) event {
+// dispatchOrStop dispatches step (a new run of a parallel or for_each step
+// starts its fan), unless the job has used up its step budget (max_steps):
+// a loop that never ends fails the job instead. Map items do not count:
+// for_each.max_items bounds them.
+func dispatchOrStop(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, notBefore, now time.Time) []event {
 	used := cp.Completed.Len()
 	for _, r := range cp.Steps {
 		used += r.Attempts
 	}
 	if limit := c.def.MaxStepsOf(); used >= limit {
-		return failJob(cp, &schemas.Error{Code: schemas.CodeStepFailed, Job: cp.JobID, Step: step,
-			Message: fmt.Sprintf("the job dispatched %d step attempts, its limit (max_steps %d): a loop that does not end?", used, limit)}, now)
+		return []event{failJob(cp, &schemas.Error{Code: schemas.CodeStepFailed, Job: cp.JobID, Step: step,
+			Message: fmt.Sprintf("the job dispatched %d step attempts, its limit (max_steps %d): a loop that does not end?", used, limit)}, now)}
 	}
-	return dispatch(c, cp, step, newRun, notBefore, now)
+	if s := c.def.Step(step); newRun && s != nil && isFan(s) {
+		return startFan(c, cp, s, now)
+	}
+	return []event{dispatch(c, cp, step, newRun, notBefore, now)}
 }
 
 // applyResult applies a step result to cp (a private copy) and returns the
@@ -172,6 +181,9 @@ func applyResult(c *compiled, cp *schemas.Checkpoint, res *schemas.StepResult, n
 	idx := c.def.StepIndex(res.Step)
 	if idx < 0 {
 		return outcomeStale, nil
+	}
+	if cp.Fan != nil {
+		return outcomeApplied, applyFanResult(c, cp, res, now)
 	}
 	step := &c.def.Steps[idx]
 	rec := cp.Steps[res.Step]
@@ -220,20 +232,28 @@ func applyResult(c *compiled, cp *schemas.Checkpoint, res *schemas.StepResult, n
 		Job: cp.JobID, Step: res.Step, Attempt: res.Attempt, Status: string(rec.Status),
 		DurationMs: res.DurationMs, ResultDigest: rec.ResultDigest,
 	}})
+	return outcomeApplied, append(evs, follow(c, cp, idx, rec, stateDoc, outDoc, now, &evs[len(evs)-1])...)
+}
+
+// follow takes the first transition of step idx whose condition holds, now
+// that the step completed with rec; completed is its step.completed event,
+// which gets the step dispatched next.
+func follow(c *compiled, cp *schemas.Checkpoint, idx int, rec *schemas.StepRecord, stateDoc, outDoc any, now time.Time, completed *event) []event {
+	id := c.def.Steps[idx].ID
+	attempt := completed.data.Attempt
 	if rec.Attempts == 1 && rec.Runs == 1 {
 		// Nothing to remember but "done": keep the checkpoint from growing
 		// with the steps a job has done.
-		delete(cp.Steps, res.Step)
+		delete(cp.Steps, id)
 		cp.Completed = cp.Completed.With(idx)
 	}
-
-	env := conditionEnv{State: stateDoc, Output: outDoc, Vars: cp.Vars, Step: res.Step, Attempt: rec.RunAttempt}
+	env := conditionEnv{State: stateDoc, Output: outDoc, Vars: cp.Vars, Step: id, Attempt: rec.RunAttempt}
 	for j, t := range c.next[idx] {
 		if t.prog != nil {
 			ok, err := expr.Run(t.prog, env)
 			if err != nil {
-				e := schemas.Errorf(schemas.CodeDefinitionInvalid, "steps[%d].next[%d].when %q: %v", idx, j, t.When, err).At(cp.JobID, res.Step, res.Attempt)
-				return outcomeApplied, append(evs, failJob(cp, e, now))
+				e := schemas.Errorf(schemas.CodeDefinitionInvalid, "steps[%d].next[%d].when %q: %v", idx, j, t.When, err).At(cp.JobID, id, attempt)
+				return []event{failJob(cp, e, now)}
 			}
 			if b, _ := ok.(bool); !b {
 				continue
@@ -241,16 +261,16 @@ func applyResult(c *compiled, cp *schemas.Checkpoint, res *schemas.StepResult, n
 		}
 		switch {
 		case t.Fail != "":
-			e := &schemas.Error{Code: schemas.CodeStepFailed, Message: t.Fail, Job: cp.JobID, Step: res.Step, Attempt: res.Attempt}
-			return outcomeApplied, append(evs, failJob(cp, e, now))
+			e := &schemas.Error{Code: schemas.CodeStepFailed, Message: t.Fail, Job: cp.JobID, Step: id, Attempt: attempt}
+			return []event{failJob(cp, e, now)}
 		case t.End:
-			return outcomeApplied, append(evs, completeJob(cp, now))
+			return []event{completeJob(cp, now)}
 		default:
-			evs[len(evs)-1].data.Next = t.To
-			return outcomeApplied, append(evs, dispatchOrStop(c, cp, t.To, true, time.Time{}, now))
+			completed.data.Next = t.To
+			return dispatchOrStop(c, cp, t.To, true, time.Time{}, now)
 		}
 	}
-	return outcomeApplied, append(evs, completeJob(cp, now))
+	return []event{completeJob(cp, now)}
 }
 
 // mergeResult validates a step's output and merges it into state: under
@@ -332,7 +352,7 @@ func failAttempt(c *compiled, cp *schemas.Checkpoint, step *schemas.Step, rec *s
 	if retry {
 		next := now.Add(policy.Delay(rec.RunAttempt + 1))
 		ev.data.NotBefore = next
-		return []event{ev, dispatchOrStop(c, cp, step.ID, false, next, now)}
+		return append([]event{ev}, dispatchOrStop(c, cp, step.ID, false, next, now)...)
 	}
 	if outcomeUnknown(c, step, res) {
 		ev.data.Reason = "the step failed for good while its effect may have happened"
@@ -342,7 +362,7 @@ func failAttempt(c *compiled, cp *schemas.Checkpoint, step *schemas.Step, rec *s
 	cp.Current = nil
 	if step.OnError != "" {
 		ev.data.Next = step.OnError
-		return []event{ev, dispatchOrStop(c, cp, step.OnError, true, time.Time{}, now)}
+		return append([]event{ev}, dispatchOrStop(c, cp, step.OnError, true, time.Time{}, now)...)
 	}
 	return []event{ev, failJob(cp, e, now)}
 }
@@ -385,17 +405,20 @@ func applySignal(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now t
 	if !signalMayApply(cp, sig) {
 		return outcomeStale, nil
 	}
-	step := cp.Blocked.Step
+	b := cp.Blocked
 	cp.Status = schemas.JobRunning
 	cp.Blocked = nil
-	evs := []event{{typ: schemas.EventStepUnblocked, data: schemas.HistoryData{Job: cp.JobID, Step: step, EffectKey: sig.Key, By: sig.By}}}
-	return outcomeApplied, append(evs, dispatchOrStop(c, cp, step, false, time.Time{}, now))
+	evs := []event{{typ: schemas.EventStepUnblocked, data: schemas.HistoryData{Job: cp.JobID, Step: b.Step, Item: b.Item, EffectKey: sig.Key, By: sig.By}}}
+	if cp.Fan != nil {
+		return outcomeApplied, append(evs, resumeFan(c, cp, b, now)...)
+	}
+	return outcomeApplied, append(evs, dispatchOrStop(c, cp, b.Step, false, time.Time{}, now)...)
 }
 
 func failJob(cp *schemas.Checkpoint, e *schemas.Error, now time.Time) event {
 	cp.Status = schemas.JobFailed
 	cp.Error = e
-	cp.Current = nil
+	cp.Current, cp.Fan = nil, nil
 	t := now
 	cp.CompletedAt = &t
 	return event{typ: schemas.EventJobFailed, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status), Error: e}}
@@ -403,7 +426,7 @@ func failJob(cp *schemas.Checkpoint, e *schemas.Error, now time.Time) event {
 
 func completeJob(cp *schemas.Checkpoint, now time.Time) event {
 	cp.Status = schemas.JobCompleted
-	cp.Current = nil
+	cp.Current, cp.Fan = nil, nil
 	t := now
 	cp.CompletedAt = &t
 	return event{typ: schemas.EventJobCompleted, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status), ResultDigest: digest(cp.State)}}
@@ -425,6 +448,9 @@ func cloneCheckpoint(cp *schemas.Checkpoint) *schemas.Checkpoint {
 	if cp.Current != nil {
 		d := *cp.Current
 		c.Current = &d
+	}
+	if cp.Fan != nil {
+		c.Fan = cp.Fan.Clone()
 	}
 	c.Events = nil
 	return &c

@@ -24,6 +24,10 @@ type compiled struct {
 	output []*schemas.Validator // by step index
 	next   [][]transition       // by step index
 	keys   []*template.Template // by step index: the idempotency_key template, if any
+	// itemKeys: by step index, the for_each.key template, if any.
+	itemKeys []*template.Template
+	// env: what fan transitions read besides the checkpoint (the engine's).
+	env *fanEnv
 	// needsDoc reports, by step index, whether deciding after the step
 	// needs the decoded state (a condition, or a state schema).
 	needsDoc []bool
@@ -152,6 +156,8 @@ func compile(def *schemas.Definition) (*compiled, error) {
 		next:     make([][]transition, len(def.Steps)),
 		needsDoc: make([]bool, len(def.Steps)),
 		keys:     make([]*template.Template, len(def.Steps)),
+		itemKeys: make([]*template.Template, len(def.Steps)),
+		env:      newFanEnv(),
 	}
 	var err error
 	if c.input, err = schemas.CompileSchema("input_schema", def.InputSchema); err != nil {
@@ -167,6 +173,11 @@ func compile(def *schemas.Definition) (*compiled, error) {
 		c.needsDoc[i] = c.state != nil
 		if c.keys[i], err = schemas.ParseEffectKey(s.ID, s.IdempotencyKey); err != nil {
 			return nil, schemas.Errorf(schemas.CodeDefinitionInvalid, "steps[%d]: %v", i, err)
+		}
+		if s.ForEach != nil {
+			if c.itemKeys[i], err = schemas.ParseItemKey(s.ID, s.ForEach.Key); err != nil {
+				return nil, schemas.Errorf(schemas.CodeDefinitionInvalid, "steps[%d]: %v", i, err)
+			}
 		}
 		for j, t := range s.Next {
 			tr := transition{Transition: t}
@@ -188,11 +199,12 @@ func compile(def *schemas.Definition) (*compiled, error) {
 type compiledCache struct {
 	mu    sync.Mutex
 	cache *lru.Cache[string, *compiled]
+	env   *fanEnv // given to every definition compiled here
 }
 
-func newCompiledCache(size int) *compiledCache {
+func newCompiledCache(size int, env *fanEnv) *compiledCache {
 	c, _ := lru.New[string, *compiled](size)
-	return &compiledCache{cache: c}
+	return &compiledCache{cache: c, env: env}
 }
 
 func (cc *compiledCache) get(def *schemas.Definition) (*compiled, error) {
@@ -207,6 +219,9 @@ func (cc *compiledCache) get(def *schemas.Definition) (*compiled, error) {
 	c, err := compile(def)
 	if err != nil {
 		return nil, fmt.Errorf("compile definition %s@%d: %w", def.Name, def.Version, err)
+	}
+	if cc.env != nil {
+		c.env = cc.env
 	}
 	cc.cache.Add(def.Hash, c)
 	return c, nil

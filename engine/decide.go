@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/waymark-dev/waymark/internal/failpoint"
@@ -236,7 +237,8 @@ items:
 		p.republish = !changed
 		// The recorded dispatch is published again under its id; the
 		// worker's fencing and the ledger make a second copy harmless.
-		p.dispatch = p.base.cp.Current != nil
+		p.sends = newDispatches(nil, p.base.cp)
+		p.dispatch = len(p.sends) > 0
 	}
 	if !changed {
 		return false
@@ -254,7 +256,12 @@ items:
 	e.setOutbox(base, cp, evs, now)
 	p.next = cp
 	p.republish = false
-	p.dispatch = cp.Current != nil && (republish || p.base == nil || p.base.cp.Current == nil || p.base.cp.Current.MsgID != cp.Current.MsgID)
+	if republish || p.base == nil {
+		p.sends = newDispatches(nil, cp)
+	} else {
+		p.sends = newDispatches(p.base.cp, cp)
+	}
+	p.dispatch = len(p.sends) > 0
 	switch cp.Status {
 	case schemas.JobCompleted:
 		p.tally.completed++
@@ -268,9 +275,17 @@ items:
 // and attempt), the only result that may be applied (DESIGN.md invariant
 // 3). A job blocked on its definition keeps its current dispatch.
 func resultMayApply(cp *schemas.Checkpoint, res *schemas.StepResult) bool {
+	status := cp.Status
+	if status == schemas.JobBlocked {
+		status = cp.BlockedFrom
+	}
+	if cp.Fan != nil {
+		// A fan's other dispatches finish while one of its effects waits
+		// for a person.
+		return (status == schemas.JobRunning || status == schemas.JobNeedsReconciliation) && cp.DispatchOf(res.Step, res.Item, res.Attempt) != nil
+	}
 	cur := cp.Current
-	running := cp.Status == schemas.JobRunning || (cp.Status == schemas.JobBlocked && cp.BlockedFrom == schemas.JobRunning)
-	return running && cur != nil && cur.Step == res.Step && cur.Attempt == res.Attempt
+	return status == schemas.JobRunning && cur != nil && cur.Step == res.Step && cur.Attempt == res.Attempt && res.Item == 0
 }
 
 // signalMayApply reports whether sig is a decision the job waits for.
@@ -297,6 +312,20 @@ func checkConsistent(c *compiled, cp *schemas.Checkpoint) error {
 		}
 		if cur.Attempt > rec.Attempts {
 			return schemas.Errorf(schemas.CodeQuarantined, "checkpoint %s: current attempt %d of step %q is beyond the %d recorded", cp.JobID, cur.Attempt, cur.Step, rec.Attempts)
+		}
+	}
+	if f := cp.Fan; f != nil {
+		fs := c.def.Step(f.Step)
+		if fs == nil || !isFan(fs) {
+			return schemas.Errorf(schemas.CodeQuarantined, "checkpoint %s: its fan is of step %q, which definition %s does not have as a parallel or for_each step", cp.JobID, f.Step, short(cp.DefinitionHash))
+		}
+		for _, d := range f.Running {
+			switch {
+			case d.Item > 0 && (d.Step != f.Step || d.Item > f.Total):
+				return schemas.Errorf(schemas.CodeQuarantined, "checkpoint %s: its fan runs item %d of step %q, beyond the %d items of %q", cp.JobID, d.Item, d.Step, f.Total, f.Step)
+			case d.Item == 0 && (!slices.Contains(fs.Branches, d.Step) || cp.Steps[d.Step] == nil):
+				return schemas.Errorf(schemas.CodeQuarantined, "checkpoint %s: its fan runs %q, which is not a branch of %q with a step record", cp.JobID, d.Step, f.Step)
+			}
 		}
 	}
 	if cp.Status == schemas.JobNeedsReconciliation && cp.Blocked == nil {

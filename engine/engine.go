@@ -55,11 +55,17 @@ func New(cfg Config) (*Engine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	env := newFanEnv()
+	if vs := cfg.Store.Values; vs != nil {
+		env.get = func(ctx context.Context, owner, digest string, size int) ([]byte, error) {
+			return vs.Get(ctx, owner, schemas.ValueRef{Digest: digest, Bytes: size})
+		}
+	}
 	return &Engine{
 		cfg:         cfg,
 		store:       cfg.Store,
 		log:         cfg.Logger.With("component", "engine"),
-		compiled:    newCompiledCache(256),
+		compiled:    newCompiledCache(256, env),
 		cache:       newCheckpointCache(cfg.CacheBytes),
 		fp:          cfg.Failpoints,
 		incarnation: nuid.Next(),

@@ -103,8 +103,8 @@ func (b *bundle) worker(respond func(sm *schemas.StepMessage) (json.RawMessage, 
 		}
 		calls.Add(1)
 		out, e := respond(sm)
-		res := schemas.StepResult{Job: sm.Job, Step: sm.Step, Attempt: sm.Attempt, Output: out, Error: e, DurationMs: 1}
-		b.publishResult(&res)
+		res := schemas.StepResult{Job: sm.Job, Step: sm.Step, Attempt: sm.Attempt, Item: sm.Item, Output: out, Error: e, DurationMs: 1}
+		b.publishResultID(&res, m.Headers().Get(jetstream.MsgIDHeader)+"/result")
 		_ = m.Ack()
 	})
 	if err != nil {
@@ -116,9 +116,15 @@ func (b *bundle) worker(respond func(sm *schemas.StepMessage) (json.RawMessage, 
 
 func (b *bundle) publishResult(res *schemas.StepResult) {
 	b.t.Helper()
+	b.publishResultID(res, schemas.ResultMsgID(res.Job, res.Step, res.Attempt))
+}
+
+// publishResultID publishes res under the dedup id id.
+func (b *bundle) publishResultID(res *schemas.StepResult, id string) {
+	b.t.Helper()
 	m := nats.NewMsg(b.store.Names.InboxSubject(kv.InboxResult, res.Job))
 	m.Data, _ = schemas.EncodeStepResult(res, m.Header)
-	m.Header.Set(jetstream.MsgIDHeader, schemas.ResultMsgID(res.Job, res.Step, res.Attempt))
+	m.Header.Set(jetstream.MsgIDHeader, id)
 	if _, err := b.store.JS.PublishMsg(context.Background(), m); err != nil {
 		b.t.Fatalf("publish result: %v", err)
 	}

@@ -91,8 +91,10 @@ type plan struct {
 	next               *schemas.Checkpoint // to write; nil when nothing changed
 	rev                uint64              // written at
 	entry              *cached             // next as cached when written (base when republishing)
-	// dispatch: publish next.Current (new, or again after a crash).
+	// dispatch: publish sends, next's dispatches that are new (or, after a
+	// crash, again).
 	dispatch bool
+	sends    []*schemas.Dispatch
 	// republish: nothing to write; publish base's events (and, with
 	// dispatch, base.Current) again, under the ids they had.
 	republish bool
@@ -126,8 +128,8 @@ func (p *plan) written() *schemas.Checkpoint {
 // dispatchedStep is the step the plan's transition dispatches, for
 // failpoints; "" when none.
 func (p *plan) dispatchedStep() string {
-	if p.next != nil && p.next.Current != nil {
-		return p.next.Current.Step
+	if p.next != nil && len(p.sends) > 0 {
+		return p.sends[0].Step
 	}
 	return ""
 }
@@ -213,7 +215,13 @@ func (e *Engine) safeDecide(ctx context.Context, p *plan) (redo bool) {
 			buf := make([]byte, 4096)
 			buf = buf[:runtime.Stack(buf, false)]
 			e.ctr.panics.Add(1)
-			p.next, p.republish, p.dispatch = nil, false, false
+			p.next, p.republish, p.dispatch, p.sends = nil, false, false, nil
+			if f, ok := r.(fanFault); ok {
+				p.err = fmt.Errorf("job %s: %w", p.job, f.err)
+				e.log.Warn("a map's outputs could not be read; the job's messages are handed back", "job", p.job, "err", f.err)
+				redo = false
+				return
+			}
 			p.err = fmt.Errorf("job %s: %w: %v", p.job, errPanicked, r)
 			e.log.Error("contained a panic while deciding a transition; the job's messages are held back", "job", p.job, "panic", fmt.Sprint(r), "stack", string(buf))
 			redo = false
@@ -282,7 +290,7 @@ func (e *Engine) load(ctx context.Context, ps []*plan, fresh bool) {
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 32)
 	for _, p := range ps {
-		p.next, p.dispatch, p.republish, p.markAmbiguous, p.keep, p.entry = nil, false, false, "", false, nil
+		p.next, p.dispatch, p.sends, p.republish, p.markAmbiguous, p.keep, p.entry = nil, false, nil, false, "", false, nil
 		p.err, p.tally = nil, tally{}
 		if !fresh {
 			if c, ok := e.cache.get(p.job); ok {
@@ -413,6 +421,9 @@ func (e *Engine) write(ctx context.Context, ps []*plan) (conflicts []*plan) {
 		var w *kv.PendingWrite
 		err := e.checkMessageSize(p.next)
 		if err == nil {
+			err = e.saveChunks(ctx, p.next)
+		}
+		if err == nil {
 			w, err = e.store.Checkpoints.WriteAsync(p.next, rev)
 		}
 		if errors.Is(err, schemas.ErrTooLarge) && e.tooLarge(p, err) {
@@ -511,7 +522,7 @@ func (e *Engine) tooLarge(p *plan, cause error) bool {
 	cp.Seq = p.base.cp.Seq + 1
 	cp.UpdatedAt, cp.Writer, cp.Cause = now, e.incarnation, p.next.Cause
 	e.setOutbox(p.base.cp, cp, []event{ev}, now)
-	p.next, p.dispatch, p.markAmbiguous = cp, false, ""
+	p.next, p.dispatch, p.sends, p.markAmbiguous = cp, false, nil, ""
 	p.tally.completed, p.tally.failed = 0, 1
 	e.log.Warn("job failed: its state would exceed a size limit", "job", cp.JobID, "err", failed)
 	return true

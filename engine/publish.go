@@ -46,10 +46,12 @@ func (e *Engine) startPublish(ctx context.Context, ps []*plan) *settlement {
 			}
 			fs = append(fs, f)
 		}
-		if p.dispatch && p.republish {
+		if p.dispatch && p.republish && cp.Fan == nil {
 			// Publish the recorded dispatch again only when the stream says
 			// its message is neither queued nor answered: past the duplicate
-			// window, a copy would be a second message.
+			// window, a copy would be a second message. A fan's are all
+			// published again: their ids dedupe within the window, and past
+			// it the worker's fencing and the ledger make a copy harmless.
 			need, err := e.dispatchMissing(ctx, cp)
 			if err != nil {
 				p.err = err
@@ -58,15 +60,20 @@ func (e *Engine) startPublish(ctx context.Context, ps []*plan) *settlement {
 			p.dispatch = need
 		}
 		if p.dispatch {
-			m, err := e.stepMessage(cp)
-			if err == nil {
-				var f jetstream.PubAckFuture
-				if f, err = e.store.PublishAsync(m); err == nil {
-					fs = append(fs, f)
+			for _, d := range p.sends {
+				m, err := e.stepMessage(cp, d)
+				if err == nil {
+					var f jetstream.PubAckFuture
+					if f, err = e.store.PublishAsync(m); err == nil {
+						fs = append(fs, f)
+					}
+				}
+				if err != nil {
+					p.err = fmt.Errorf("dispatch %s of job %s: %w", d.MsgID, cp.JobID, err)
+					break
 				}
 			}
-			if err != nil {
-				p.err = fmt.Errorf("dispatch %s of job %s: %w", cp.Current.MsgID, cp.JobID, err)
+			if p.err != nil {
 				continue
 			}
 		}
@@ -143,7 +150,7 @@ func (e *Engine) finish(ctx context.Context, st *settlement) {
 			continue
 		}
 		if p.dispatch {
-			e.ctr.dispatched.Add(1)
+			e.ctr.dispatched.Add(uint64(len(p.sends)))
 		}
 		if cp := p.written(); cp.Status.Terminal() || p.markAmbiguous != "" {
 			after = append(after, p)
@@ -303,9 +310,8 @@ func (e *Engine) dispatchMissing(ctx context.Context, cp *schemas.Checkpoint) (b
 	return !f.queued && !f.answered, nil
 }
 
-// stepMessage builds the step message of cp.Current.
-func (e *Engine) stepMessage(cp *schemas.Checkpoint) (*nats.Msg, error) {
-	d := cp.Current
+// stepMessage builds the step message of d, one of cp's dispatches.
+func (e *Engine) stepMessage(cp *schemas.Checkpoint, d *schemas.Dispatch) (*nats.Msg, error) {
 	rec := cp.Steps[d.Step]
 	runs := 1
 	if rec != nil {
@@ -322,6 +328,11 @@ func (e *Engine) stepMessage(cp *schemas.Checkpoint) (*nats.Msg, error) {
 		NotBefore:      d.NotBefore,
 		IdempotencyKey: schemas.IdempotencyKey(cp.KeyBase(), d.Step, runs),
 		EffectKey:      d.EffectKey,
+	}
+	if d.Item > 0 {
+		if err := e.itemMessage(cp, d, &sm); err != nil {
+			return nil, err
+		}
 	}
 	m := nats.NewMsg(e.store.Names.WorkSubject(d.Pool, cp.JobID))
 	data, err := schemas.EncodeStepMessage(&sm, m.Header)

@@ -419,7 +419,8 @@ func (e *Engine) transitionOne(ctx context.Context, ent kv.Entry, cause string, 
 	next.Seq, next.UpdatedAt, next.Writer, next.Cause = cp.Seq+1, now, e.incarnation, cause
 	e.setOutbox(cp, next, evs, now)
 	p.next = next
-	p.dispatch = next.Current != nil && (cp.Current == nil || cp.Current.MsgID != next.Current.MsgID)
+	p.sends = newDispatches(cp, next)
+	p.dispatch = len(p.sends) > 0
 	if next.Status == schemas.JobNeedsReconciliation && cp.Status != schemas.JobNeedsReconciliation && next.Blocked != nil {
 		p.markAmbiguous = next.Blocked.EffectKey
 	}

@@ -48,6 +48,7 @@ const (
 	StepCompleted  StepStatus = "completed"  // its output is in State
 	StepFailed     StepStatus = "failed"     // its attempts are exhausted or it failed for good
 	StepBlocked    StepStatus = "blocked"    // its effect is ambiguous; the job waits for reconciliation
+	StepCancelled  StepStatus = "cancelled"  // a parallel branch the join no longer waited for
 )
 
 // Checkpoint is a job's execution state: one JetStream KV entry per job,
@@ -87,8 +88,12 @@ type Checkpoint struct {
 	Completed StepSet `json:"completed,omitempty"`
 
 	// Current is the dispatch in flight, recorded before its message is
-	// published (DESIGN.md invariant 2); nil when none.
+	// published (DESIGN.md invariant 2); nil when none, and while Fan runs.
 	Current *Dispatch `json:"current,omitempty"`
+
+	// Fan is the parallel or map step running, with its dispatches in
+	// flight; nil when none.
+	Fan *Fan `json:"fan,omitempty"`
 
 	// Blocked is the step whose effect awaits reconciliation, with the
 	// effect's key; set while the job needs reconciliation.
@@ -172,6 +177,10 @@ type Blocked struct {
 	Reason    string      `json:"reason,omitempty"`
 	// LastError is the error of the attempt that left the outcome unknown.
 	LastError *Error `json:"last_error,omitempty"`
+	// Item is the map item whose effect it is, from 1, and Attempt the
+	// item's attempt that left it unknown; 0 when none.
+	Item    int `json:"item,omitempty"`
+	Attempt int `json:"attempt,omitempty"`
 }
 
 // Dispatch is an attempt of a step that has been recorded for publication.
@@ -189,6 +198,9 @@ type Dispatch struct {
 	// EffectKey is the ledger key of the attempt's effect (steps that are
 	// not pure): the same on every attempt of one logical action.
 	EffectKey string `json:"effect_key,omitempty"`
+	// Item is the map item this dispatch runs, counted from 1 (the item at
+	// index Item-1 of the list); 0 for a dispatch that is not a map item.
+	Item int `json:"item,omitempty"`
 }
 
 // StepMsgID returns the dedup id of a step message: "<prefix>/<step>/<attempt>",

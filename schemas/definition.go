@@ -11,6 +11,9 @@ const (
 	KindModel = "model" // a model call whose JSON reply becomes the step's output
 	KindHTTP  = "http"  // an HTTP call with an Idempotency-Key header
 	KindNoop  = "noop"  // returns its input's "output" value, or {}; for tests and benchmarks
+	// KindParallel runs the steps its Branches name at once and joins them
+	// (Join); the engine performs it, no worker does.
+	KindParallel = "parallel"
 )
 
 // EffectClass says what running a step again does to the outside world.
@@ -34,6 +37,15 @@ const (
 	DefaultBackoffMax      = time.Minute
 	DefaultBackoffMultiple = 2.0
 	DefaultMaxSteps        = 10000
+	// DefaultMapConcurrency is the most items of one for_each step in
+	// flight at once when the step does not say.
+	DefaultMapConcurrency = 10
+	// DefaultMaxItems is the longest list a for_each step takes when it
+	// does not say; a longer one fails the step before anything runs.
+	DefaultMaxItems = 100000
+	// MaxMapConcurrency bounds ForEach.Concurrency: every item in flight
+	// has a dispatch record in the job's checkpoint.
+	MaxMapConcurrency = 1000
 )
 
 // Definition is a validated workflow definition. Its Hash (hex SHA-256 of
@@ -88,7 +100,105 @@ type Step struct {
 	IdempotencyKey string       `json:"idempotency_key,omitempty"`
 	Next           []Transition `json:"next,omitempty"`
 	OnError        string       `json:"on_error,omitempty"`
+	// Branches are the steps a parallel step (kind parallel) runs at once.
+	// Each is a step of this definition reached from nowhere else, with a
+	// save_as of its own and no next or on_error: the join decides.
+	Branches []string `json:"branches,omitempty"`
+	// Join says when a parallel step is done; nil means every branch.
+	Join *Join `json:"join,omitempty"`
+	// ForEach runs the step once per item of a list in state (a map).
+	ForEach *ForEach `json:"for_each,omitempty"`
 }
+
+// Join modes of a parallel step.
+const (
+	JoinAll   = "all"   // every branch must complete
+	JoinFirst = "first" // the first branch to complete decides
+	JoinN     = "n"     // N branches must complete
+)
+
+// What a join does with the branches still running once it is decided.
+const (
+	OthersCancel = "cancel" // stop waiting: their results are dropped (default)
+	OthersWait   = "wait"   // let them finish; their outputs are kept, their failures tolerated
+)
+
+// Join is the completion rule of a parallel step (the "all", "any" and
+// "n of m" joins of workflow patterns; AWS Step Functions' Parallel state
+// waits for all).
+type Join struct {
+	Mode   string `json:"mode,omitempty"`   // JoinAll (default), JoinFirst or JoinN
+	N      int    `json:"n,omitempty"`      // for JoinN: branches that must complete, 1..len(Branches)
+	Others string `json:"others,omitempty"` // OthersCancel (default) or OthersWait
+}
+
+// ModeOf returns j's mode, JoinAll when unset.
+func (j *Join) ModeOf() string {
+	if j == nil || j.Mode == "" {
+		return JoinAll
+	}
+	return j.Mode
+}
+
+// Needed returns how many of n branches must complete under j.
+func (j *Join) Needed(n int) int {
+	switch j.ModeOf() {
+	case JoinFirst:
+		return 1
+	case JoinN:
+		return j.N
+	}
+	return n
+}
+
+// Waits reports whether branches still running once j is decided are
+// waited for (OthersWait) rather than cancelled.
+func (j *Join) Waits() bool { return j != nil && j.Others == OthersWait }
+
+// Item failure policies of a for_each step.
+const (
+	ItemErrorFail    = "fail"    // the first item that fails for good fails the step (default)
+	ItemErrorCollect = "collect" // failed items are listed and the step goes on
+)
+
+// ForEach makes a step a map: it runs once per item of the list at Items,
+// at most Concurrency at a time, each item with its own attempts and
+// idempotency key; the outputs are gathered in input order under the
+// step's save_as.
+type ForEach struct {
+	// Items is the state path of the list, dotted ("docs", "batch.docs").
+	Items string `json:"items"`
+	// Key is a text/template over .item and .index naming an item, so that
+	// its idempotency key does not change when the list is re-ordered;
+	// absent, items are named by index. Two items of one list with the
+	// same key fail the step before anything is dispatched.
+	Key string `json:"key,omitempty"`
+	// Concurrency is the most items in flight; 0 means DefaultMapConcurrency.
+	Concurrency int `json:"concurrency,omitempty"`
+	// OnItemError is ItemErrorFail (default) or ItemErrorCollect.
+	OnItemError string `json:"on_item_error,omitempty"`
+	// MaxItems is the longest list taken; 0 means DefaultMaxItems.
+	MaxItems int `json:"max_items,omitempty"`
+}
+
+// ConcurrencyOf returns f's concurrency with the default filled in.
+func (f *ForEach) ConcurrencyOf() int {
+	if f.Concurrency > 0 {
+		return f.Concurrency
+	}
+	return DefaultMapConcurrency
+}
+
+// MaxItemsOf returns f's item limit with the default filled in.
+func (f *ForEach) MaxItemsOf() int {
+	if f.MaxItems > 0 {
+		return f.MaxItems
+	}
+	return DefaultMaxItems
+}
+
+// Collects reports whether failed items are collected, not fatal.
+func (f *ForEach) Collects() bool { return f.OnItemError == ItemErrorCollect }
 
 // Transition is one candidate move after a step completes. Transitions are
 // tried in order; the first whose When holds (an absent When always holds)

@@ -62,6 +62,11 @@ func (cp *Checkpoint) AppendJSON(dst []byte) []byte {
 		w.key("current")
 		w.dispatch(cp.Current)
 	}
+	if cp.Fan != nil {
+		// Rare and nested: encoding/json's form, which is the same.
+		b, _ := json.Marshal(cp.Fan)
+		w.rawField("fan", b)
+	}
 	if cp.Blocked != nil {
 		w.key("blocked")
 		w.open()
@@ -76,6 +81,12 @@ func (cp *Checkpoint) AppendJSON(dst []byte) []byte {
 		if cp.Blocked.LastError != nil {
 			w.key("last_error")
 			w.error(cp.Blocked.LastError)
+		}
+		if cp.Blocked.Item != 0 {
+			w.intField("item", int64(cp.Blocked.Item))
+		}
+		if cp.Blocked.Attempt != 0 {
+			w.intField("attempt", int64(cp.Blocked.Attempt))
 		}
 		w.close()
 	}
@@ -309,6 +320,9 @@ func (w *jsonw) dispatch(d *Dispatch) {
 	if d.EffectKey != "" {
 		w.strField("effect_key", d.EffectKey)
 	}
+	if d.Item != 0 {
+		w.intField("item", int64(d.Item))
+	}
 	w.close()
 }
 
@@ -357,6 +371,9 @@ func (w *jsonw) historyData(d *HistoryData) {
 	}
 	if d.Attempt != 0 {
 		w.intField("attempt", int64(d.Attempt))
+	}
+	if d.Item != 0 {
+		w.intField("item", int64(d.Item))
 	}
 	if d.Status != "" {
 		w.strField("status", d.Status)

@@ -652,6 +652,7 @@ func checkDefinition(d *Definition) []Problem {
 			}
 		}
 	}
+	ps = append(ps, checkFans(d)...)
 	return append(ps, checkEffectKeys(d)...)
 }
 

@@ -33,6 +33,12 @@ type StepMessage struct {
 	// engine (the idempotency key, or the key the step's idempotency_key
 	// template names); empty for pure steps and older engines.
 	EffectKey string `json:"effect_key,omitempty"`
+	// Item is the map item this attempt runs, from 1 (0: not a map item);
+	// ItemValue is the item and ItemName its name (its key, or
+	// "item-<index>"). State is then the job's state without the list.
+	Item      int             `json:"item,omitempty"`
+	ItemName  string          `json:"item_name,omitempty"`
+	ItemValue json.RawMessage `json:"item_value,omitempty"`
 }
 
 // StepResult is a worker's answer for one attempt, sent to the engine's
@@ -52,6 +58,8 @@ type StepResult struct {
 	// in an error: whether the call may have happened (dispatched,
 	// ambiguous) or certainly did not (prepared). Empty for pure steps.
 	EffectState EffectState `json:"effect_state,omitempty"`
+	// Item is the map item the attempt ran, from 1; 0 when none.
+	Item int `json:"item,omitempty"`
 }
 
 // History event types (CloudEvents "type" attribute). Every transition of a
@@ -69,6 +77,7 @@ const (
 	EventStepFailed     = "dev.waymark.step.failed"  // one attempt failed; Retrying tells whether another follows
 	EventStepBlocked    = "dev.waymark.step.blocked" // an unsafe effect is ambiguous; the job needs reconciliation
 	EventStepUnblocked  = "dev.waymark.step.unblocked"
+	EventStepCancelled  = "dev.waymark.step.cancelled" // a parallel branch the join no longer waits for
 	// Effect ledger transitions, published by workers and by whoever
 	// resolves an effect. Data.Effect holds the record.
 	EventEffectPrepared   = "dev.waymark.effect.prepared"
@@ -85,6 +94,7 @@ type HistoryData struct {
 	Seq          uint64    `json:"seq"`           // checkpoint sequence the event was written with
 	Step         string    `json:"step,omitempty"`
 	Attempt      int       `json:"attempt,omitempty"`
+	Item         int       `json:"item,omitempty"` // the map item, from 1
 	Status       string    `json:"status,omitempty"`
 	DurationMs   int64     `json:"duration_ms,omitempty"`
 	Error        *Error    `json:"error,omitempty"`

@@ -31,6 +31,12 @@ const (
 	HeaderWorker         = "Waymark-Worker"
 	HeaderEffectKey      = "Waymark-Effect-Key"
 	HeaderEffectState    = "Waymark-Effect-State"
+	// HeaderItem is a map item's number, from 1; HeaderItemName its name
+	// (its key, or "item-<index>"); HeaderItemBytes the length of the item
+	// value, which comes first in the body, the state after it.
+	HeaderItem      = "Waymark-Item"
+	HeaderItemName  = "Waymark-Item-Name"
+	HeaderItemBytes = "Waymark-Item-Bytes"
 )
 
 // Outcomes of a result.
@@ -59,10 +65,18 @@ func EncodeStepMessage(m *StepMessage, h map[string][]string) ([]byte, error) {
 	if m.EffectKey != "" {
 		set(HeaderEffectKey, m.EffectKey)
 	}
-	if len(m.State) == 0 {
-		return []byte("{}"), nil
+	state := m.State
+	if len(state) == 0 {
+		state = []byte("{}")
 	}
-	return m.State, nil
+	if m.Item == 0 {
+		return state, nil
+	}
+	set(HeaderItem, strconv.Itoa(m.Item))
+	set(HeaderItemName, m.ItemName)
+	set(HeaderItemBytes, strconv.Itoa(len(m.ItemValue)))
+	body := make([]byte, 0, len(m.ItemValue)+len(state))
+	return append(append(body, m.ItemValue...), state...), nil
 }
 
 // DecodeStepMessage reads a step message from its headers and body. The
@@ -103,6 +117,16 @@ func DecodeStepMessage(h map[string][]string, body []byte) (*StepMessage, error)
 			return nil, fmt.Errorf("step message: %s: %w", HeaderVars, err)
 		}
 	}
+	if s := get(HeaderItem); s != "" {
+		if m.Item, err = positive(s); err != nil {
+			return nil, fmt.Errorf("step message: %s: %w", HeaderItem, err)
+		}
+		n, err := strconv.Atoi(get(HeaderItemBytes))
+		if err != nil || n < 1 || n > len(body) {
+			return nil, fmt.Errorf("step message: %s is %q for a body of %d bytes", HeaderItemBytes, get(HeaderItemBytes), len(body))
+		}
+		m.ItemName, m.ItemValue, m.State = get(HeaderItemName), body[:n:n], body[n:]
+	}
 	return m, nil
 }
 
@@ -114,6 +138,9 @@ func EncodeStepResult(r *StepResult, h map[string][]string) ([]byte, error) {
 	set(HeaderStep, r.Step)
 	set(HeaderAttempt, strconv.Itoa(r.Attempt))
 	set(HeaderDurationMs, strconv.FormatInt(r.DurationMs, 10))
+	if r.Item != 0 {
+		set(HeaderItem, strconv.Itoa(r.Item))
+	}
 	if r.Redelivered {
 		set(HeaderRedelivered, "true")
 	}
@@ -157,6 +184,11 @@ func DecodeStepResult(h map[string][]string, body []byte) (*StepResult, error) {
 	if s := get(HeaderDurationMs); s != "" {
 		if r.DurationMs, err = strconv.ParseInt(s, 10, 64); err != nil {
 			return nil, fmt.Errorf("step result: %s: %w", HeaderDurationMs, err)
+		}
+	}
+	if s := get(HeaderItem); s != "" {
+		if r.Item, err = positive(s); err != nil {
+			return nil, fmt.Errorf("step result: %s: %w", HeaderItem, err)
 		}
 	}
 	if r.Job == "" || r.Step == "" {

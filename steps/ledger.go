@@ -114,7 +114,9 @@ func (w *Worker) fence(ctx context.Context, c *Call) error {
 func (w *Worker) fenceJob(ctx context.Context, c *Call) (uint64, error) {
 	current := func(ent kv.Entry) bool {
 		cp := ent.Checkpoint
-		return cp.Status == schemas.JobRunning && cp.Current != nil && cp.Current.Step == c.Step.ID && cp.Current.Attempt == c.Attempt
+		// A fan's dispatches go on while one of its effects waits for a person.
+		running := cp.Status == schemas.JobRunning || (cp.Fan != nil && cp.Status == schemas.JobNeedsReconciliation)
+		return running && cp.DispatchOf(c.Step.ID, c.Item, c.Attempt) != nil
 	}
 	ent, err := w.store.Checkpoints.Get(ctx, c.Job)
 	if err == nil && current(ent) {

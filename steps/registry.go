@@ -65,6 +65,13 @@ type Call struct {
 	// of this run of this step, different for anything else. Send it to
 	// providers that honour Idempotency-Key.
 	IdempotencyKey string
+	// Item is the map item this attempt runs, from 1 (0: not a map
+	// item); ItemValue is the item as JSON and ItemName its name (its
+	// for_each key, or "item-<index>"). State is then the job's state
+	// without the list.
+	Item      int
+	ItemName  string
+	ItemValue json.RawMessage
 	// Log, when set, receives the step's log; see Logger.
 	Log *slog.Logger
 	Env *Env
@@ -105,20 +112,29 @@ func (c *Call) StateMap() (map[string]any, error) {
 }
 
 // TemplateData is what step templates see: .state, .vars, .job, .step,
-// .attempt and .idempotency_key.
+// .attempt and .idempotency_key, and for a map item .item, .index (from
+// 0) and .item_name.
 func (c *Call) TemplateData() (map[string]any, error) {
 	doc, err := c.StateMap()
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{
+	data := map[string]any{
 		"state":           doc,
 		"vars":            c.Vars,
 		"job":             c.Job,
 		"step":            c.Step.ID,
 		"attempt":         c.RunAttempt,
 		"idempotency_key": c.IdempotencyKey,
-	}, nil
+	}
+	if c.Item > 0 {
+		var item any
+		if err := json.Unmarshal(c.ItemValue, &item); err != nil {
+			return nil, fmt.Errorf("decode item %d of job %s: %w", c.Item-1, c.Job, err)
+		}
+		data["item"], data["index"], data["item_name"] = item, c.Item-1, c.ItemName
+	}
+	return data, nil
 }
 
 // Func adapts a function to a Kind whose steps need no preparation.

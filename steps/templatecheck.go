@@ -222,7 +222,22 @@ func checkTemplates(def *schemas.Definition, i int, state *schemas.Shape) []sche
 	if len(sources) == 0 {
 		return nil
 	}
-	data := templateDataShape(def, schemas.Intersect(state, schemas.ShapeOf(s.InputSchema)))
+	var data *schemas.Shape
+	if s.ForEach != nil {
+		// A map item's input_schema is the item's; the state is the job's
+		// without the list.
+		data = templateDataShape(def, state)
+		item := schemas.ShapeOf(s.InputSchema)
+		if item == nil {
+			item = statePathItems(state, s.ForEach.Items)
+		}
+		data.Properties["item"] = item
+		data.Properties["index"] = &schemas.Shape{Type: "integer"}
+		data.Properties["item_name"] = &schemas.Shape{Type: "string"}
+		data.Required["item"], data.Required["index"], data.Required["item_name"] = true, true, true
+	} else {
+		data = templateDataShape(def, schemas.Intersect(state, schemas.ShapeOf(s.InputSchema)))
+	}
 	var ps []schemas.Problem
 	for _, src := range sources {
 		t, err := template.New(src.ptr).Option("missingkey=error").Funcs(templateFuncs(nil)).Parse(src.text)
@@ -287,6 +302,26 @@ func matchTokens(toks, pat []string) bool {
 		return matchTokens(toks[1:], pat[1:])
 	}
 	return false
+}
+
+// statePathItems returns the shape of the items of the list at a dotted
+// state path; nil when the state's shape does not say.
+func statePathItems(state *schemas.Shape, path string) *schemas.Shape {
+	sh := state
+	for _, name := range strings.Split(path, ".") {
+		if sh == nil {
+			return nil
+		}
+		if p, ok := sh.Properties[name]; ok {
+			sh = p
+		} else {
+			sh = sh.Additional
+		}
+	}
+	if sh == nil {
+		return nil
+	}
+	return sh.Items
 }
 
 // templateDataShape is the shape of Call.TemplateData for a state shape.

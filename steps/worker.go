@@ -266,7 +266,7 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 		// Not the step's failure: the engine blocks the job until the
 		// definition is stored again, then dispatches the step anew.
 		log.Warn("the step's definition cannot be loaded; telling the engine", "err", err)
-		res := &schemas.StepResult{Job: sm.Job, Step: sm.Step, Attempt: sm.Attempt, Worker: w.cfg.ID,
+		res := &schemas.StepResult{Job: sm.Job, Step: sm.Step, Attempt: sm.Attempt, Item: sm.Item, Worker: w.cfg.ID,
 			Error: &schemas.Error{Code: schemas.CodeDefinitionMissing, Message: fmt.Sprintf("definition %s: %v", sm.DefinitionHash, err)}}
 		if err := w.publishResult(ctx, res, m.Headers().Get(jetstream.MsgIDHeader)); err != nil {
 			_ = m.NakWithDelay(time.Second)
@@ -364,7 +364,7 @@ const (
 )
 
 func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm *schemas.StepMessage, delivered uint64, log *lazyLog) (*schemas.StepResult, int) {
-	res := &schemas.StepResult{Job: sm.Job, Step: sm.Step, Attempt: sm.Attempt}
+	res := &schemas.StepResult{Job: sm.Job, Step: sm.Step, Attempt: sm.Attempt, Item: sm.Item}
 	fail := func(e *schemas.Error) (*schemas.StepResult, int) {
 		w.ctr.failed.Add(1)
 		res.Error = e
@@ -385,10 +385,16 @@ func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm 
 	call := &Call{
 		Job: sm.Job, Step: ps.step, Definition: ps.def, Attempt: sm.Attempt, RunAttempt: sm.RunAttempt,
 		State: sm.State, Vars: sm.Vars, IdempotencyKey: sm.IdempotencyKey, Env: w.cfg.Env, lazy: log,
+		Item: sm.Item, ItemName: sm.ItemName, ItemValue: sm.ItemValue,
 	}
 	if ps.input != nil {
-		if err := ps.input.ValidateJSON(sm.State); err != nil {
-			return fail(&schemas.Error{Code: schemas.CodeInputInvalid, Message: "state does not match the step's input_schema: " + err.Error()})
+		// A map item's input_schema is the item's.
+		in, what := sm.State, "state"
+		if sm.Item > 0 {
+			in, what = sm.ItemValue, fmt.Sprintf("item %d", sm.Item-1)
+		}
+		if err := ps.input.ValidateJSON(in); err != nil {
+			return fail(&schemas.Error{Code: schemas.CodeInputInvalid, Message: what + " does not match the step's input_schema: " + err.Error()})
 		}
 	}
 	effectful := ps.def.EffectOf(ps.step) != schemas.EffectPure
@@ -709,7 +715,7 @@ func (w *Worker) cannotRun(ctx context.Context, m jetstream.Msg, sm *schemas.Ste
 		msg += ps.missingService.Error()
 	}
 	log.Error("no worker could run the step; reporting it failed", "reason", msg)
-	res := &schemas.StepResult{Job: sm.Job, Step: sm.Step, Attempt: sm.Attempt, Worker: w.cfg.ID,
+	res := &schemas.StepResult{Job: sm.Job, Step: sm.Step, Attempt: sm.Attempt, Item: sm.Item, Worker: w.cfg.ID,
 		Error: &schemas.Error{Code: code, Message: msg}}
 	if err := w.publishResult(ctx, res, m.Headers().Get(jetstream.MsgIDHeader)); err != nil {
 		_ = m.NakWithDelay(time.Second)

@@ -1,0 +1,144 @@
+package schemas
+
+import (
+	"encoding/json"
+	"strconv"
+)
+
+// Fan is a parallel or map step in flight: several dispatches of one job
+// at once. Branches (parallel) are steps of their own, with step records;
+// items (map) are dispatches of the map step, with Dispatch.Item set. What
+// is done is kept as sets of indexes, and a map's outputs in chunks by
+// reference once they grow, so that the checkpoint stays small however
+// many items the list has.
+type Fan struct {
+	Step  string `json:"step"`  // the parallel or for_each step
+	Run   int    `json:"run"`   // the step's run (Steps[Step].Runs)
+	Total int    `json:"total"` // branches or items
+	// Next is the number of items dispatched at least once (a map takes
+	// items in order); a parallel step dispatches every branch at once.
+	Next int `json:"next,omitempty"`
+	// Running holds the dispatches in flight, each recorded before its
+	// message is published (DESIGN.md invariant 2).
+	Running []*Dispatch `json:"running,omitempty"`
+	// Done, Failed and Cancelled hold indexes: of items, or of branches in
+	// the order the step lists them.
+	Done      StepSet   `json:"done,omitempty"`
+	Failed    []FanFail `json:"failed,omitempty"`
+	Cancelled StepSet   `json:"cancelled,omitempty"`
+	// Decided: the join has its outcome and waits only for the branches
+	// it lets finish (Join.Others wait).
+	Decided bool `json:"decided,omitempty"`
+	// Outputs are map item outputs not yet in a chunk; Chunks hold the
+	// others, each a JSON array of FanOutput, in the value store.
+	Outputs []FanOutput `json:"outputs,omitempty"`
+	Chunks  []FanChunk  `json:"chunks,omitempty"`
+	// OutputBytes is the size of the outputs gathered so far, in bytes.
+	OutputBytes int64 `json:"output_bytes,omitempty"`
+
+	// Unsaved holds the chunks (in Chunks) made by the transition that
+	// wrote this fan, which the engine stores before the checkpoint; not
+	// part of the encoding.
+	Unsaved [][]byte `json:"-"`
+}
+
+// FanFail is an item or branch that failed for good.
+type FanFail struct {
+	Index int    `json:"i"`
+	Key   string `json:"key,omitempty"` // the item's key, when named
+	Error *Error `json:"error"`
+}
+
+// FanChunk names a chunk of map outputs in the value store: the digest
+// ("sha256:<hex>") and size in bytes of its JSON array of FanOutput.
+type FanChunk struct {
+	Digest string `json:"digest"`
+	Bytes  int    `json:"bytes"`
+	Items  int    `json:"items"` // outputs it holds
+}
+
+// FanOutput is one map item's output.
+type FanOutput struct {
+	Index  int             `json:"i"`
+	Output json.RawMessage `json:"o"`
+}
+
+// Dispatches returns the dispatches of cp in flight: Current, or the
+// fan's; nil when none.
+func (cp *Checkpoint) Dispatches() []*Dispatch {
+	if cp.Fan != nil {
+		return cp.Fan.Running
+	}
+	if cp.Current != nil {
+		return []*Dispatch{cp.Current}
+	}
+	return nil
+}
+
+// DispatchOf returns the dispatch in flight of step's item (0 for no
+// item) whose attempt is attempt, or nil.
+func (cp *Checkpoint) DispatchOf(step string, item, attempt int) *Dispatch {
+	for _, d := range cp.Dispatches() {
+		if d.Step == step && d.Item == item && d.Attempt == attempt {
+			return d
+		}
+	}
+	return nil
+}
+
+// Running returns the fan's dispatch of step's item (0 for a branch), or
+// nil and -1.
+func (f *Fan) running(step string, item int) (*Dispatch, int) {
+	for i, d := range f.Running {
+		if d.Step == step && d.Item == item {
+			return d, i
+		}
+	}
+	return nil, -1
+}
+
+// RunningOf returns the fan's dispatch in flight of step's item (0 for a
+// branch), or nil.
+func (f *Fan) RunningOf(step string, item int) *Dispatch {
+	d, _ := f.running(step, item)
+	return d
+}
+
+// Remove drops the fan's dispatch of step's item from Running.
+func (f *Fan) Remove(step string, item int) {
+	if _, i := f.running(step, item); i >= 0 {
+		f.Running = append(f.Running[:i:i], f.Running[i+1:]...)
+	}
+}
+
+// Clone copies f deeply enough that changing the copy leaves f as it was.
+func (f *Fan) Clone() *Fan {
+	c := *f
+	c.Running = make([]*Dispatch, len(f.Running))
+	for i, d := range f.Running {
+		dd := *d
+		c.Running[i] = &dd
+	}
+	c.Failed = append([]FanFail(nil), f.Failed...)
+	c.Outputs = append([]FanOutput(nil), f.Outputs...)
+	c.Chunks = append([]FanChunk(nil), f.Chunks...)
+	c.Unsaved = nil
+	return &c
+}
+
+// ItemMsgID returns the dedup id of a map item's step message:
+// "<prefix>/<step>/r<run>.<item>/<attempt>", item counted from 1.
+func ItemMsgID(prefix, step string, run, item, attempt int) string {
+	return prefix + "/" + step + "/r" + itoa(run) + "." + itoa(item) + "/" + itoa(attempt)
+}
+
+// ItemIdempotencyKey derives the key of one map item's action: the step's
+// key (IdempotencyKey of base, step and run) and the item's name, its key
+// when the definition names one, else "item-<index>" (from 0).
+func ItemIdempotencyKey(base, step string, run int, name string) string {
+	return IdempotencyKey(base, step, run) + "/" + name
+}
+
+// ItemName returns the name of the item at index in keys and ledger keys:
+// "item-<index>" (from 0).
+func ItemName(index int) string { return "item-" + strconv.Itoa(index) }
