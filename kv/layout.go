@@ -31,6 +31,8 @@ const (
 	DefaultJobRetention    = 30 * 24 * time.Hour
 	DefaultReplicas        = 1
 	DefaultMaxMessageBytes = 1 << 20
+	DefaultValueThreshold  = 64 << 10
+	DefaultMaxJobState     = 64 << 20
 )
 
 // Queue storages.
@@ -119,6 +121,17 @@ type Config struct {
 	// server creates a staging store per batch), so the default is off
 	// and the CLI turns it on for an embedded server under sync always.
 	GroupCommit bool `json:"group_commit,omitempty"`
+	// ValueThreshold, in bytes: a top-level member of a job's state whose
+	// compact JSON value is longer is kept in the value store (Values) and
+	// the checkpoint holds a reference to it (schemas.ValueRef). Default
+	// 64 KiB, or a quarter of MaxMessageBytes when that is less (but at
+	// least 1024); it must be at least 1024 and below half of
+	// MaxMessageBytes (so MaxMessageBytes above 2048).
+	ValueThreshold int `json:"value_threshold,omitempty"`
+	// MaxJobStateBytes caps a job's logical state size, in bytes: its
+	// state with every reference counted as the value it names
+	// (schemas.LogicalSize). Default 64 MiB; at least ValueThreshold.
+	MaxJobStateBytes int64 `json:"max_job_state_bytes,omitempty"`
 }
 
 var prefixRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,31}$`)
@@ -155,6 +168,14 @@ func (c Config) WithDefaults() Config {
 	if c.JobRetention == 0 {
 		c.JobRetention = DefaultJobRetention
 	}
+	if c.ValueThreshold == 0 {
+		// A quarter of a smaller message limit, so that a Config that
+		// only lowers MaxMessageBytes stays valid.
+		c.ValueThreshold = max(min(DefaultValueThreshold, int(c.MaxMessageBytes/4)), 1024)
+	}
+	if c.MaxJobStateBytes == 0 {
+		c.MaxJobStateBytes = DefaultMaxJobState
+	}
 	return c
 }
 
@@ -184,6 +205,12 @@ func (c Config) Validate() error {
 	case c.HistoryMaxAge < 0 || (c.HistoryMaxAge > 0 && c.HistoryMaxAge < 100*time.Millisecond):
 		// JetStream refuses a stream max age under 100ms.
 		return fmt.Errorf("kv config: history max age %v: want 100ms or more, or 0 for no cap", c.HistoryMaxAge)
+	case c.ValueThreshold < 1024:
+		return fmt.Errorf("kv config: value threshold %d: want at least 1024 bytes (0 means the default, %d)", c.ValueThreshold, DefaultValueThreshold)
+	case int64(c.ValueThreshold) >= int64(c.MaxMessageBytes)/2:
+		return fmt.Errorf("kv config: value threshold %d: want below half the max message bytes (%d), so that a step message or result holding members up to the threshold fits", c.ValueThreshold, c.MaxMessageBytes)
+	case c.MaxJobStateBytes < int64(c.ValueThreshold):
+		return fmt.Errorf("kv config: max job state %d bytes: want at least the value threshold (%d) (0 means the default, %d)", c.MaxJobStateBytes, c.ValueThreshold, DefaultMaxJobState)
 	}
 	return nil
 }
@@ -194,6 +221,7 @@ type Names struct {
 	EffectBucket      string // waymark_effects
 	DefinitionBucket  string // waymark_definitions
 	JobsBucket        string // waymark_jobs: the job index
+	ValueBucket       string // waymark_values: object store of large state values
 	WorkStream        string // WAYMARK_WORK
 	InboxStream       string // WAYMARK_INBOX
 	HistoryStream     string // WAYMARK_HISTORY
@@ -213,6 +241,7 @@ func NamesFor(prefix string) Names {
 		DefinitionBucket:  prefix + "_definitions",
 		EffectBucket:      prefix + "_effects",
 		JobsBucket:        prefix + "_jobs",
+		ValueBucket:       prefix + "_values",
 		WorkStream:        up + "_WORK",
 		InboxStream:       up + "_INBOX",
 		HistoryStream:     up + "_HISTORY",
@@ -281,6 +310,7 @@ type Store struct {
 	Jobs        *Jobs    // the job index
 	History     *History // the history stream
 	Queues      *Queues  // facts about the work and inbox queues
+	Values      *Values  // large state values by reference
 	log         *slog.Logger
 	// backfill: the job index was made by this Open, over a deployment
 	// that may already hold checkpoints (an upgrade from layout 1).
@@ -329,6 +359,9 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config, log *slog.Log
 		return nil, err
 	}
 	s.Checkpoints = &Checkpoints{kv: cps, js: js, maxBytes: int(cfg.MaxValueBytes)}
+	if s.Values, err = s.ensureValues(ctx); err != nil {
+		return nil, err
+	}
 	if cfg.GroupCommit {
 		atomic, err := s.allowAtomic(ctx, "KV_"+s.Names.CheckpointBucket)
 		if err != nil {

@@ -119,7 +119,7 @@ func TestConfigValidate(t *testing.T) {
 		want := kv.Config{
 			Prefix: "waymark", Replicas: 1, Duplicates: 2 * time.Minute, InboxAckWait: 30 * time.Second,
 			WorkAckWait: 30 * time.Second, WorkMaxDeliver: 20, MaxAckPending: 20000, MaxValueBytes: 1 << 20,
-			MaxMessageBytes: 1 << 20, JobRetention: 30 * 24 * time.Hour,
+			MaxMessageBytes: 1 << 20, JobRetention: 30 * 24 * time.Hour, ValueThreshold: 64 << 10, MaxJobStateBytes: 64 << 20,
 		}
 		if got != want {
 			t.Errorf("WithDefaults = %+v, want %+v", got, want)
@@ -251,8 +251,8 @@ func TestOpenCreatesLayout(t *testing.T) {
 			t.Errorf("bucket %s: history %d, max value %d, storage %v", bucket, c.MaxMsgsPerSubject, c.MaxMsgSize, c.Storage)
 		}
 	}
-	if got := streamNames(t, b.js); len(got) != 8 {
-		t.Errorf("streams = %v, want 4 streams and 4 buckets", got)
+	if got := streamNames(t, b.js); len(got) != 9 {
+		t.Errorf("streams = %v, want 4 streams, 4 buckets and the value bucket", got)
 	}
 
 	eng := consumerInfo(t, b.js, n.InboxStream, n.EngineConsumer).Config

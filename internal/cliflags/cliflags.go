@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os"
 	"regexp"
@@ -27,6 +28,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dustin/go-humanize"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
@@ -286,6 +288,22 @@ var kvEnv = []struct {
 			err = fmt.Errorf("want a positive duration, or 0 to keep finished jobs forever")
 		}
 		return
+	}},
+	{"WAYMARK_VALUE_THRESHOLD", func(c *kv.Config, v string) error {
+		n, err := humanize.ParseBytes(v)
+		if err != nil || n == 0 || n > math.MaxInt32 {
+			return fmt.Errorf("want a size in bytes such as 65536 or 64KiB")
+		}
+		c.ValueThreshold = int(n)
+		return nil
+	}},
+	{"WAYMARK_MAX_JOB_STATE", func(c *kv.Config, v string) error {
+		n, err := humanize.ParseBytes(v)
+		if err != nil || n == 0 || n > math.MaxInt64 {
+			return fmt.Errorf("want a size in bytes such as 67108864 or 64MiB")
+		}
+		c.MaxJobStateBytes = int64(n)
+		return nil
 	}},
 	{"WAYMARK_EFFECT_RETENTION", func(c *kv.Config, v string) error {
 		return fmt.Errorf("renamed: effect records are now removed with their job; set WAYMARK_JOB_RETENTION")
