@@ -48,6 +48,12 @@ func pendingJob(c *compiled, req *schemas.StartRequest, msgID string, now time.T
 func startJob(c *compiled, cp *schemas.Checkpoint, now time.Time) []event {
 	cp.Status = schemas.JobRunning
 	evs := []event{{typ: schemas.EventJobStarted, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status), Input: cp.State}}}
+	// Large members of the input are kept by reference from here on.
+	state, err := c.env.keepLarge(cp, cp.State)
+	if err != nil {
+		return append(evs, failJob(cp, err.At(cp.JobID, "", 0), now))
+	}
+	cp.State = state
 	return append(evs, enter(c, cp, c.def.StartStep(), now)...)
 }
 
@@ -211,7 +217,7 @@ func applyResult(c *compiled, cp *schemas.Checkpoint, res *schemas.StepResult, n
 	var stateDoc, outDoc any
 	if stepErr == nil {
 		var err *schemas.Error
-		newState, stateDoc, outDoc, err = mergeResult(c, idx, cp.State, res.Output)
+		newState, stateDoc, outDoc, err = mergeResult(c, cp, idx, res.Output)
 		if err != nil {
 			stepErr = err
 		}
@@ -277,11 +283,17 @@ func follow(c *compiled, cp *schemas.Checkpoint, idx int, rec *schemas.StepRecor
 // step.SaveAs when set, else key by key at the top level. It returns the
 // new state, and its decoded form and the output's when a condition or
 // the state schema needs them.
-func mergeResult(c *compiled, idx int, state, output json.RawMessage) (json.RawMessage, any, any, *schemas.Error) {
+func mergeResult(c *compiled, cp *schemas.Checkpoint, idx int, output json.RawMessage) (json.RawMessage, any, any, *schemas.Error) {
+	state := cp.State
 	step := &c.def.Steps[idx]
 	output = bytes.TrimSpace(output)
 	if len(output) == 0 {
 		output = json.RawMessage("null")
+	}
+	if schemas.HasRefs(output) {
+		if refs, _ := schemas.FindRefs(output); len(refs) > 0 {
+			return nil, nil, nil, schemas.Errorf(schemas.CodeOutputInvalid, "output holds a %s reference; only the engine makes those", schemas.ValueRefMember)
+		}
 	}
 	var outDoc any
 	if c.output[idx] != nil || c.needsDoc[idx] {
@@ -321,10 +333,14 @@ func mergeResult(c *compiled, idx int, state, output json.RawMessage) (json.RawM
 			newState = ns
 		}
 	}
+	newState, serr := c.env.keepLarge(cp, newState)
+	if serr != nil {
+		return nil, nil, nil, serr
+	}
 	var stateDoc any
 	if c.needsDoc[idx] {
 		var err error
-		if stateDoc, err = decodePlain(newState); err != nil {
+		if stateDoc, err = decodePlain(c.env.resolve(cp, newState)); err != nil {
 			return nil, nil, nil, schemas.Errorf(schemas.CodeOutputInvalid, "decode state: %v", err)
 		}
 		if err := c.state.Validate(stateDoc); err != nil {
@@ -452,6 +468,6 @@ func cloneCheckpoint(cp *schemas.Checkpoint) *schemas.Checkpoint {
 	if cp.Fan != nil {
 		c.Fan = cp.Fan.Clone()
 	}
-	c.Events = nil
+	c.Events, c.Unsaved = nil, nil
 	return &c
 }

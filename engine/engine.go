@@ -60,6 +60,7 @@ func New(cfg Config) (*Engine, error) {
 		env.get = func(ctx context.Context, owner, digest string, size int) ([]byte, error) {
 			return vs.Get(ctx, owner, schemas.ValueRef{Digest: digest, Bytes: size})
 		}
+		env.threshold, env.maxState = cfg.Store.Config.ValueThreshold, cfg.Store.Config.MaxJobStateBytes
 	}
 	return &Engine{
 		cfg:         cfg,

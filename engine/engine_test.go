@@ -687,9 +687,12 @@ func workMessages(t *testing.T, st *kv.Store) uint64 {
 	return info.State.Msgs
 }
 
+// TestStateOverTheSizeLimitFailsTheJobOnce: members under the value
+// threshold stay in the checkpoint; once they make the state too large
+// for a step message the job fails at once, keeping what it had.
 func TestStateOverTheSizeLimitFailsTheJobOnce(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOptions{kv: kv.Config{MaxValueBytes: 64 << 10, MaxMessageBytes: 64 << 10}})
+	b := setup(t, setupOptions{kv: kv.Config{MaxValueBytes: 64 << 10, MaxMessageBytes: 64 << 10, ValueThreshold: 31 << 10}})
 	big := json.RawMessage(`{"blob": "` + strings.Repeat("x", 30<<10) + `"}`)
 	var calls atomic.Int64
 	b.worker(func(sm *schemas.StepMessage) (json.RawMessage, *schemas.Error) {

@@ -36,6 +36,61 @@ type fanEnv struct {
 	// get reads a value by digest ("sha256:<hex>") stored for owner (a
 	// job's message prefix); nil when the engine has no value store.
 	get func(ctx context.Context, owner, digest string, size int) ([]byte, error)
+	// threshold: state members longer than this many bytes are kept by
+	// reference (0: never); maxState caps a job's state with references
+	// counted as their values, in bytes (0: no cap).
+	threshold int
+	maxState  int64
+}
+
+// keepLarge replaces the top-level members of state longer than the
+// threshold by references, staging their values in cp.Unsaved, and
+// refuses a state whose logical size is over the job limit.
+func (env *fanEnv) keepLarge(cp *schemas.Checkpoint, state json.RawMessage) (json.RawMessage, *schemas.Error) {
+	if env.threshold > 0 && env.get != nil && len(state) > env.threshold {
+		out, err := schemas.ExternalizeMembers(state, env.threshold, func(v []byte) (schemas.ValueRef, error) {
+			cp.Unsaved = append(cp.Unsaved, v)
+			return schemas.NewValueRef(v), nil
+		})
+		if err != nil {
+			return nil, schemas.Errorf(schemas.CodeTooLarge, "keep large state values by reference: %v", err)
+		}
+		state = out
+	}
+	if env.maxState > 0 && schemas.HasRefs(state) {
+		if n := int64(schemas.LogicalSize(state)); n > env.maxState {
+			return nil, schemas.Errorf(schemas.CodeTooLarge, "state would be %d bytes with its values by reference; the job's limit is %d (WAYMARK_MAX_JOB_STATE)", n, env.maxState)
+		}
+	}
+	return state, nil
+}
+
+// resolve returns state with its references replaced by their values, for
+// conditions and schemas. A value that cannot be read is a passing fault:
+// the messages are handed back (valueFault).
+func (env *fanEnv) resolve(cp *schemas.Checkpoint, state json.RawMessage) json.RawMessage {
+	if !schemas.HasRefs(state) {
+		return state
+	}
+	staged := map[string][]byte{}
+	for _, v := range cp.Unsaved {
+		staged[schemas.NewValueRef(v).Digest] = v
+	}
+	out, err := schemas.ResolveRefs(state, func(r schemas.ValueRef) ([]byte, error) {
+		if v, ok := staged[r.Digest]; ok {
+			return v, nil
+		}
+		if env.get == nil {
+			return nil, fmt.Errorf("value %s: this engine has no value store", r.Digest)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		return env.get(ctx, cp.MsgPrefix(), r.Digest, r.Bytes)
+	})
+	if err != nil {
+		panic(fanFault{err})
+	}
+	return out
 }
 
 func newFanEnv() *fanEnv {
@@ -76,17 +131,8 @@ func (env *fanEnv) decodeList(c *compiled, cp *schemas.Checkpoint, s *schemas.St
 	if err != nil {
 		return nil, &schemas.Error{Code: schemas.CodeInputInvalid, Message: fmt.Sprintf("for_each.items: state.%s: %v", f.Items, err)}
 	}
-	if ref, ok := schemas.ParseValueRef(raw); ok {
-		if env.get == nil {
-			return nil, &schemas.Error{Code: schemas.CodeInputInvalid, Message: fmt.Sprintf("for_each.items: state.%s is stored by reference and this engine has no value store", f.Items)}
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		v, err := env.get(ctx, cp.MsgPrefix(), ref.Digest, ref.Bytes)
-		cancel()
-		if err != nil {
-			return nil, &schemas.Error{Code: schemas.CodeInputInvalid, Retryable: true, Message: fmt.Sprintf("for_each.items: read state.%s: %v", f.Items, err)}
-		}
-		raw = v
+	if schemas.HasRefs(raw) {
+		raw = env.resolve(cp, raw)
 	}
 	var items []json.RawMessage
 	if err := json.Unmarshal(raw, &items); err != nil {
@@ -291,7 +337,7 @@ func progressMap(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, now time.
 		data, _ := json.Marshal(f.Outputs)
 		sum := sha256.Sum256(data)
 		f.Chunks = append(f.Chunks, schemas.FanChunk{Digest: "sha256:" + hex.EncodeToString(sum[:]), Bytes: len(data), Items: len(f.Outputs)})
-		f.Unsaved = append(f.Unsaved, data)
+		cp.Unsaved = append(cp.Unsaved, data)
 		f.Outputs = nil
 	}
 	if f.Done.Len()+len(f.Failed) == f.Total && len(f.Running) == 0 {
@@ -373,12 +419,16 @@ func completeFan(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, rec *sche
 		if err != nil {
 			return failFanStep(c, cp, s, schemas.Errorf(schemas.CodeOutputInvalid, "state is not a JSON object").At(cp.JobID, s.ID, rec.Attempts), now)
 		}
-		newState = ns
+		kept, serr := c.env.keepLarge(cp, ns)
+		if serr != nil {
+			return failFanStep(c, cp, s, serr.At(cp.JobID, s.ID, rec.Attempts), now)
+		}
+		newState = kept
 	}
 	var stateDoc, outDoc any
 	if c.needsDoc[idx] {
 		var err error
-		if stateDoc, err = decodePlain(newState); err != nil {
+		if stateDoc, err = decodePlain(c.env.resolve(cp, newState)); err != nil {
 			return failFanStep(c, cp, s, schemas.Errorf(schemas.CodeOutputInvalid, "decode state: %v", err).At(cp.JobID, s.ID, rec.Attempts), now)
 		}
 		if err := c.state.Validate(stateDoc); err != nil {
@@ -535,7 +585,7 @@ func applyBranchResult(c *compiled, cp *schemas.Checkpoint, ps *schemas.Step, re
 	var newState json.RawMessage
 	if e == nil {
 		var err *schemas.Error
-		newState, _, _, err = mergeResult(c, idx, cp.State, res.Output)
+		newState, _, _, err = mergeResult(c, cp, idx, res.Output)
 		e = err
 	}
 	f.Remove(res.Step, 0)
@@ -689,21 +739,21 @@ func newDispatches(base, next *schemas.Checkpoint) []*schemas.Dispatch {
 	return out
 }
 
-// saveChunks stores the chunks of map outputs cp's transition made, before
-// cp is written (the checkpoint refers to them).
-func (e *Engine) saveChunks(ctx context.Context, cp *schemas.Checkpoint) error {
-	if cp.Fan == nil || len(cp.Fan.Unsaved) == 0 {
+// saveValues stores the values cp's transition refers to (map output
+// chunks, state members kept by reference), before cp is written.
+func (e *Engine) saveValues(ctx context.Context, cp *schemas.Checkpoint) error {
+	if len(cp.Unsaved) == 0 {
 		return nil
 	}
 	if e.store.Values == nil {
-		return fmt.Errorf("job %s: a map's outputs need the value store, which this store does not have", cp.JobID)
+		return fmt.Errorf("job %s: large values need the value store, which this store does not have", cp.JobID)
 	}
-	for _, data := range cp.Fan.Unsaved {
+	for _, data := range cp.Unsaved {
 		if _, err := e.store.Values.Put(ctx, cp.MsgPrefix(), data); err != nil {
-			return fmt.Errorf("job %s: store a chunk of map outputs: %w", cp.JobID, err)
+			return fmt.Errorf("job %s: store a value: %w", cp.JobID, err)
 		}
 	}
-	cp.Fan.Unsaved = nil
+	cp.Unsaved = nil
 	return nil
 }
 

@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/waymark-dev/waymark/internal/testsupport"
+	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
 )
 
@@ -311,5 +314,215 @@ func TestMapGathersOutputsInInputOrder(t *testing.T) {
 	got, _ := json.Marshal(decodeState(t, v.State)["doubled"])
 	if string(got) != "["+strings.Join(want, ",")+"]" {
 		t.Errorf("state.doubled = %s", got)
+	}
+}
+
+// TestMapItemsFailAndCollect: under on_item_error collect a failed item is
+// listed with its key and error and the others are kept; under fail (the
+// default) the first item to fail for good fails the step, naming it.
+// Items retry on their own: a retryable failure of one item is tried again
+// under a new attempt of that item only.
+func TestMapItemsFailAndCollect(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	var mu sync.Mutex
+	attempts := map[string]int{}
+	b.worker(func(sm *schemas.StepMessage) (json.RawMessage, *schemas.Error) {
+		mu.Lock()
+		attempts[sm.ItemName]++
+		n := attempts[sm.ItemName]
+		mu.Unlock()
+		switch {
+		case sm.ItemName == "doc-3":
+			return nil, &schemas.Error{Code: schemas.CodeStepFailed, Message: "doc-3 is unreadable"}
+		case sm.ItemName == "doc-5" && n == 1:
+			return nil, &schemas.Error{Code: schemas.CodeStepFailed, Retryable: true, Message: "flaky"}
+		}
+		return json.RawMessage(`"ok"`), nil
+	})
+	retry := "defaults: {retry: {max_attempts: 3, backoff: {initial: 10ms, max: 20ms}}}\nsteps:"
+	collect := b.define(strings.Replace(strings.Replace(mapDocs, "concurrency: 4}", "concurrency: 4, on_item_error: collect}", 1), "steps:", retry, 1))
+	v := b.wait(b.start(collect, docsInput(8), "collect-1"))
+	if v.Status != schemas.JobCompleted {
+		t.Fatalf("collect: status %s, error %+v", v.Status, v.Error)
+	}
+	var got struct {
+		Results []any `json:"results"`
+		Errors  []struct {
+			Index int            `json:"index"`
+			Key   string         `json:"key"`
+			Error *schemas.Error `json:"error"`
+		} `json:"errors"`
+	}
+	raw, _ := json.Marshal(decodeState(t, v.State)["doubled"])
+	if err := json.Unmarshal(raw, &got); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := json.Marshal(got.Results); string(r) != `["ok","ok","ok",null,"ok","ok","ok","ok"]` {
+		t.Errorf("results %s", r)
+	}
+	if len(got.Errors) != 1 || got.Errors[0].Index != 3 || got.Errors[0].Key != "doc-3" || got.Errors[0].Error.Message != "doc-3 is unreadable" {
+		t.Errorf("errors %s", raw)
+	}
+	mu.Lock()
+	if attempts["doc-5"] != 2 || attempts["doc-4"] != 1 {
+		t.Errorf("attempts per item: %v; want doc-5 twice and the others once (doc-3 once: not retryable)", attempts)
+	}
+	mu.Unlock()
+
+	fail := b.define(strings.Replace(strings.Replace(mapDocs, "version: 1", "version: 2", 1), "steps:", retry, 1))
+	v = b.wait(b.start(fail, docsInput(8), "fail-1"))
+	if v.Status != schemas.JobFailed || v.Error == nil || !strings.Contains(v.Error.Message, "item 3 (doc-3) failed: doc-3 is unreadable") {
+		t.Fatalf("fail: status %s, error %+v", v.Status, v.Error)
+	}
+}
+
+// TestMapRefusesBadLists: a list too long, a path that is not a list and
+// two items with the same key each fail the step before anything is
+// dispatched, with the sizes or the items named.
+func TestMapRefusesBadLists(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	calls := b.worker(func(sm *schemas.StepMessage) (json.RawMessage, *schemas.Error) { return json.RawMessage(`{}`), nil })
+	open := `
+name: open
+version: 1
+steps:
+  - id: each
+    kind: noop
+    save_as: out
+    for_each: {items: docs, key: "{{.item.id}}", max_items: 3}
+`
+	def := b.define(open)
+	for _, tc := range []struct{ id, input, want string }{
+		{"long", `{"docs": [{"id": "a"}, {"id": "b"}, {"id": "c"}, {"id": "d"}]}`, "state.docs has 4 items; the step takes at most 3 (for_each.max_items)"},
+		{"object", `{"docs": {"id": "a"}}`, "state.docs is an object, not a list"},
+		{"absent", `{"other": 1}`, `state.docs: no member "docs"`},
+		{"dup", `{"docs": [{"id": "a"}, {"id": "b"}, {"id": "a"}]}`, `items 0 and 2 have the same key "a"`},
+		{"nokey", `{"docs": [{"id": "a"}, {"name": "b"}]}`, "for_each.key of item 1"},
+	} {
+		v := b.wait(b.start(def, tc.input, tc.id))
+		if v.Status != schemas.JobFailed || v.Error == nil || !strings.Contains(v.Error.Message, tc.want) {
+			t.Errorf("%s: status %s, error %+v; want failed with %q", tc.id, v.Status, v.Error, tc.want)
+		}
+	}
+	if n := calls.Load(); n != 0 {
+		t.Errorf("%d items were dispatched from bad lists", n)
+	}
+	// An empty list completes the step at once with [].
+	v := b.wait(b.start(def, `{"docs": []}`, "empty"))
+	if got, _ := json.Marshal(decodeState(t, v.State)["out"]); v.Status != schemas.JobCompleted || string(got) != "[]" {
+		t.Errorf("empty list: status %s, out %s", v.Status, got)
+	}
+}
+
+// TestMapOutputsLeaveTheCheckpoint: 300 items of 1 KiB outputs gather
+// 300 KiB; they go to the value store in chunks, every checkpoint written
+// stays small, and the outputs come back complete and in order.
+func TestMapOutputsLeaveTheCheckpoint(t *testing.T) {
+	t.Parallel()
+	var largest atomic.Int64
+	b := setup(t, setupOptions{engine: Config{OnWrite: func(cp *schemas.Checkpoint) {
+		if n := int64(len(cp.AppendJSON(nil))); n > largest.Load() {
+			largest.Store(n)
+		}
+	}}})
+	pad := strings.Repeat("x", 1000)
+	b.worker(func(sm *schemas.StepMessage) (json.RawMessage, *schemas.Error) {
+		return json.RawMessage(fmt.Sprintf(`{"i": %d, "pad": %q}`, sm.Item-1, pad)), nil
+	})
+	def := b.define(strings.Replace(mapDocs, "concurrency: 4}", "concurrency: 50}", 1))
+	v := b.wait(b.start(def, docsInput(300), "big-1"))
+	if v.Status != schemas.JobCompleted {
+		t.Fatalf("status %s, error %+v", v.Status, v.Error)
+	}
+	var st struct {
+		Doubled []struct {
+			I int `json:"i"`
+		} `json:"doubled"`
+	}
+	if err := json.Unmarshal(v.State, &st); err != nil || len(st.Doubled) != 300 {
+		t.Fatalf("state: %v, %d outputs", err, len(st.Doubled))
+	}
+	for i, o := range st.Doubled {
+		if o.I != i {
+			t.Fatalf("output %d is item %d's", i, o.I)
+		}
+	}
+	if n := largest.Load(); n > 64<<10 {
+		t.Errorf("largest checkpoint written: %d bytes; want under 64 KiB", n)
+	}
+}
+
+// TestLargeValuesByReference: a step output over the threshold is kept in
+// the value store and the checkpoint holds its reference; conditions and
+// the state schema see the value; the next step's message carries the
+// reference and names its owner; the client shows the value; a state past
+// the job's limit fails the job with the sizes.
+func TestLargeValuesByReference(t *testing.T) {
+	t.Parallel()
+	var largest atomic.Int64
+	b := setup(t, setupOptions{kv: kv.Config{MaxJobStateBytes: 400 << 10}, engine: Config{OnWrite: func(cp *schemas.Checkpoint) {
+		if n := int64(len(cp.AppendJSON(nil))); n > largest.Load() {
+			largest.Store(n)
+		}
+	}}})
+	big := strings.Repeat("y", 100<<10)
+	var sawRef atomic.Bool
+	b.worker(func(sm *schemas.StepMessage) (json.RawMessage, *schemas.Error) {
+		switch sm.Step {
+		case "c":
+			var st map[string]json.RawMessage
+			_ = json.Unmarshal(sm.State, &st)
+			ref, ok := schemas.ParseValueRef(st["big"])
+			if ok && sm.ValueOwner != "" {
+				v, err := b.store.Values.Get(context.Background(), sm.ValueOwner, ref)
+				sawRef.Store(err == nil && len(v) == len(big)+2)
+			}
+			return json.RawMessage(`{}`), nil
+		case "grow":
+			return json.RawMessage(fmt.Sprintf(`{"more%d": %q}`, sm.Attempt, big)), nil
+		}
+		return json.RawMessage(fmt.Sprintf(`%q`, big)), nil
+	})
+	def := b.define(`
+name: large
+version: 1
+state_schema: {type: object, properties: {big: {type: string, minLength: 102400}}}
+steps:
+  - id: a
+    kind: noop
+    save_as: big
+    next:
+      - {to: c, when: "len(state.big) == 102400"}
+      - {fail: "the condition did not see the value"}
+  - {id: c, kind: noop, save_as: c}
+`)
+	v := b.wait(b.start(def, `{}`, "large-1"))
+	if v.Status != schemas.JobCompleted {
+		t.Fatalf("status %s, error %+v", v.Status, v.Error)
+	}
+	if !sawRef.Load() {
+		t.Error("the step after did not get a reference it could read")
+	}
+	if st := decodeState(t, v.State); st["big"] != big {
+		t.Errorf("the client shows state.big as %.60v", st["big"])
+	}
+	if n := largest.Load(); n > 16<<10 {
+		t.Errorf("largest checkpoint %d bytes; the large value should be by reference", n)
+	}
+
+	grow := b.define(`
+name: grow
+version: 1
+max_steps: 20
+steps:
+  - id: grow
+    kind: noop
+    next: [{to: grow}]
+`)
+	v = b.wait(b.start(grow, `{}`, "grow-1"))
+	if v.Status != schemas.JobFailed || v.Error == nil || v.Error.Code != schemas.CodeTooLarge || !strings.Contains(v.Error.Message, "the job's limit is 409600") {
+		t.Fatalf("grow: status %s, error %+v; want too_large naming the limit", v.Status, v.Error)
 	}
 }

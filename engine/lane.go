@@ -421,7 +421,7 @@ func (e *Engine) write(ctx context.Context, ps []*plan) (conflicts []*plan) {
 		var w *kv.PendingWrite
 		err := e.checkMessageSize(p.next)
 		if err == nil {
-			err = e.saveChunks(ctx, p.next)
+			err = e.saveValues(ctx, p.next)
 		}
 		if err == nil {
 			w, err = e.store.Checkpoints.WriteAsync(p.next, rev)

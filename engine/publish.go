@@ -334,6 +334,9 @@ func (e *Engine) stepMessage(cp *schemas.Checkpoint, d *schemas.Dispatch) (*nats
 			return nil, err
 		}
 	}
+	if schemas.HasRefs(sm.State) {
+		sm.ValueOwner = cp.MsgPrefix() // the worker reads the values
+	}
 	m := nats.NewMsg(e.store.Names.WorkSubject(d.Pool, cp.JobID))
 	data, err := schemas.EncodeStepMessage(&sm, m.Header)
 	if err != nil {

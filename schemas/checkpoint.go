@@ -140,6 +140,12 @@ type Checkpoint struct {
 	Writer string `json:"writer,omitempty"`
 	Error  *Error `json:"error,omitempty"`
 
+	// Unsaved holds values (map output chunks, state members kept by
+	// reference) that the transition that made this checkpoint refers to
+	// and that must be stored in the value store before it is written;
+	// not part of the encoding.
+	Unsaved [][]byte `json:"-"`
+
 	Parent      string     `json:"parent,omitempty"` // forked from this job
 	CreatedAt   time.Time  `json:"created_at"`
 	UpdatedAt   time.Time  `json:"updated_at"`

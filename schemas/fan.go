@@ -35,11 +35,6 @@ type Fan struct {
 	Chunks  []FanChunk  `json:"chunks,omitempty"`
 	// OutputBytes is the size of the outputs gathered so far, in bytes.
 	OutputBytes int64 `json:"output_bytes,omitempty"`
-
-	// Unsaved holds the chunks (in Chunks) made by the transition that
-	// wrote this fan, which the engine stores before the checkpoint; not
-	// part of the encoding.
-	Unsaved [][]byte `json:"-"`
 }
 
 // FanFail is an item or branch that failed for good.
@@ -122,7 +117,6 @@ func (f *Fan) Clone() *Fan {
 	c.Failed = append([]FanFail(nil), f.Failed...)
 	c.Outputs = append([]FanOutput(nil), f.Outputs...)
 	c.Chunks = append([]FanChunk(nil), f.Chunks...)
-	c.Unsaved = nil
 	return &c
 }
 

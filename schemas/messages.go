@@ -39,6 +39,10 @@ type StepMessage struct {
 	Item      int             `json:"item,omitempty"`
 	ItemName  string          `json:"item_name,omitempty"`
 	ItemValue json.RawMessage `json:"item_value,omitempty"`
+	// ValueOwner is the owner under which the values State refers to
+	// (ValueRef) are stored: the job's message prefix; empty when State
+	// holds no reference.
+	ValueOwner string `json:"value_owner,omitempty"`
 }
 
 // StepResult is a worker's answer for one attempt, sent to the engine's

@@ -37,6 +37,8 @@ const (
 	HeaderItem      = "Waymark-Item"
 	HeaderItemName  = "Waymark-Item-Name"
 	HeaderItemBytes = "Waymark-Item-Bytes"
+	// HeaderValueOwner names the owner of the values the state refers to.
+	HeaderValueOwner = "Waymark-Value-Owner"
 )
 
 // Outcomes of a result.
@@ -65,6 +67,9 @@ func EncodeStepMessage(m *StepMessage, h map[string][]string) ([]byte, error) {
 	if m.EffectKey != "" {
 		set(HeaderEffectKey, m.EffectKey)
 	}
+	if m.ValueOwner != "" {
+		set(HeaderValueOwner, m.ValueOwner)
+	}
 	state := m.State
 	if len(state) == 0 {
 		state = []byte("{}")
@@ -89,7 +94,7 @@ func DecodeStepMessage(h map[string][]string, body []byte) (*StepMessage, error)
 		return ""
 	}
 	m := &StepMessage{Job: get(HeaderJob), Step: get(HeaderStep), DefinitionHash: get(HeaderDefinition),
-		IdempotencyKey: get(HeaderIdempotencyKey), EffectKey: get(HeaderEffectKey), State: body}
+		IdempotencyKey: get(HeaderIdempotencyKey), EffectKey: get(HeaderEffectKey), ValueOwner: get(HeaderValueOwner), State: body}
 	var err error
 	if m.Attempt, err = positive(get(HeaderAttempt)); err != nil {
 		return nil, fmt.Errorf("step message: %s: %w", HeaderAttempt, err)

@@ -382,6 +382,13 @@ func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm 
 	if ps.err != nil {
 		return fail(&schemas.Error{Code: schemas.CodeDefinitionInvalid, Message: ps.err.Error()})
 	}
+	if schemas.HasRefs(sm.State) {
+		state, err := w.resolveState(ctx, sm)
+		if err != nil {
+			return fail(err)
+		}
+		sm.State = state
+	}
 	call := &Call{
 		Job: sm.Job, Step: ps.step, Definition: ps.def, Attempt: sm.Attempt, RunAttempt: sm.RunAttempt,
 		State: sm.State, Vars: sm.Vars, IdempotencyKey: sm.IdempotencyKey, Env: w.cfg.Env, lazy: log,
@@ -548,6 +555,21 @@ func (w *Worker) heartbeat(m jetstream.Msg, until time.Time) (stop func()) {
 		t.Stop()
 		mu.Unlock()
 	}
+}
+
+// resolveState returns sm's state with the values it refers to read from
+// the value store. A value that cannot be read is a retryable error.
+func (w *Worker) resolveState(ctx context.Context, sm *schemas.StepMessage) (json.RawMessage, *schemas.Error) {
+	if w.store.Values == nil || sm.ValueOwner == "" {
+		return nil, &schemas.Error{Code: schemas.CodeInputInvalid, Message: "the state refers to stored values and the step message names no owner for them"}
+	}
+	state, err := schemas.ResolveRefs(sm.State, func(r schemas.ValueRef) ([]byte, error) {
+		return w.store.Values.Get(ctx, sm.ValueOwner, r)
+	})
+	if err != nil {
+		return nil, &schemas.Error{Code: schemas.CodeInputInvalid, Retryable: true, Message: "read the state's stored values: " + err.Error()}
+	}
+	return state, nil
 }
 
 // publishResult sends res to the engine's inbox, trying again on errors:

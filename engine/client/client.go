@@ -291,7 +291,33 @@ func (c *Client) Job(ctx context.Context, id string) (*JobView, error) {
 	if err != nil {
 		def = nil // the record is still worth showing
 	}
-	return NewJobView(ent.Checkpoint, def), nil
+	return c.view(ctx, ent.Checkpoint, def), nil
+}
+
+// view builds cp's JobView, its state with the values it keeps by
+// reference read back.
+func (c *Client) view(ctx context.Context, cp *schemas.Checkpoint, def *schemas.Definition) *JobView {
+	v := NewJobView(cp, def)
+	if def != nil {
+		for i := range v.Steps {
+			if s := def.Step(v.Steps[i].ID); s != nil && s.ForEach != nil && v.Fan != nil && v.Fan.Step == s.ID {
+				v.Fan.Kind = "map"
+			} else if s != nil && s.Kind == schemas.KindParallel && v.Fan != nil && v.Fan.Step == s.ID {
+				v.Fan.Kind, v.Fan.Pending = "parallel", 0
+			}
+		}
+	}
+	// The state as the job's steps see it: values kept by reference are
+	// read back (a value that cannot be read leaves its reference).
+	if schemas.HasRefs(v.State) && c.store.Values != nil {
+		owner := cp.MsgPrefix()
+		if full, err := schemas.ResolveRefs(v.State, func(r schemas.ValueRef) ([]byte, error) {
+			return c.store.Values.Get(ctx, owner, r)
+		}); err == nil {
+			v.State = full
+		}
+	}
+	return v
 }
 
 // ListFilter narrows List. Zero fields match everything.
@@ -518,7 +544,7 @@ func (c *Client) Wait(ctx context.Context, id string, onEvent func(schemas.Histo
 		return pending > 0
 	}, true)
 	def, _ := c.store.Definitions.Get(context.WithoutCancel(ctx), final.DefinitionHash)
-	return NewJobView(final, def), nil
+	return c.view(ctx, final, def), nil
 }
 
 // follow delivers job's history events in order, each once even if it was

@@ -20,15 +20,56 @@ type JobView struct {
 	Seq            uint64            `json:"seq"`
 	Steps          []StepView        `json:"steps"`
 	Current        *schemas.Dispatch `json:"current,omitempty"`
-	Blocked        *schemas.Blocked  `json:"blocked,omitempty"`        // the effect a job needing reconciliation waits on
-	BlockedReason  string            `json:"blocked_reason,omitempty"` // why a blocked job cannot go on
-	State          json.RawMessage   `json:"state"`
-	Vars           map[string]string `json:"vars,omitempty"`
-	Error          *schemas.Error    `json:"error,omitempty"`
-	Parent         string            `json:"parent,omitempty"`
-	CreatedAt      time.Time         `json:"created_at"`
-	UpdatedAt      time.Time         `json:"updated_at"`
-	CompletedAt    *time.Time        `json:"completed_at,omitempty"`
+	// Fan is the parallel or map step running, when one is.
+	Fan           *FanView          `json:"fan,omitempty"`
+	Blocked       *schemas.Blocked  `json:"blocked,omitempty"`        // the effect a job needing reconciliation waits on
+	BlockedReason string            `json:"blocked_reason,omitempty"` // why a blocked job cannot go on
+	State         json.RawMessage   `json:"state"`
+	Vars          map[string]string `json:"vars,omitempty"`
+	Error         *schemas.Error    `json:"error,omitempty"`
+	Parent        string            `json:"parent,omitempty"`
+	CreatedAt     time.Time         `json:"created_at"`
+	UpdatedAt     time.Time         `json:"updated_at"`
+	CompletedAt   *time.Time        `json:"completed_at,omitempty"`
+}
+
+// FanView is a parallel or map step in flight: its branches or items
+// counted by where they stand, and the dispatches in flight.
+type FanView struct {
+	Step      string              `json:"step"`
+	Kind      string              `json:"kind"` // "parallel" or "map"
+	Total     int                 `json:"total"`
+	Pending   int                 `json:"pending"` // map items not dispatched yet
+	Running   int                 `json:"running"` // in flight, retry delays included
+	Retrying  int                 `json:"retrying"`
+	Completed int                 `json:"completed"`
+	Failed    int                 `json:"failed"`
+	Cancelled int                 `json:"cancelled,omitempty"`
+	Blocked   int                 `json:"blocked,omitempty"` // waiting for a person (its effect's outcome is unknown)
+	Chunks    int                 `json:"output_chunks,omitempty"`
+	InFlight  []*schemas.Dispatch `json:"in_flight,omitempty"`
+}
+
+func newFanView(cp *schemas.Checkpoint) *FanView {
+	f := cp.Fan
+	kind := "map"
+	if f.Next == 0 && f.Total > 0 && len(f.Running) > 0 && f.Running[0].Item == 0 {
+		kind = "parallel"
+	}
+	v := &FanView{Step: f.Step, Kind: kind, Total: f.Total, Running: len(f.Running), Completed: f.Done.Len(),
+		Failed: len(f.Failed), Cancelled: f.Cancelled.Len(), Chunks: len(f.Chunks), InFlight: f.Running}
+	for _, d := range f.Running {
+		if d.NotBefore != nil {
+			v.Retrying++
+		}
+	}
+	if cp.Blocked != nil {
+		v.Blocked = 1
+	}
+	if kind == "map" {
+		v.Pending = f.Total - f.Next
+	}
+	return v
 }
 
 // StepView is one step of a job.
@@ -65,6 +106,9 @@ func NewJobView(cp *schemas.Checkpoint, def *schemas.Definition) *JobView {
 		State: cp.State, Vars: cp.Vars, Error: cp.Error, Parent: cp.Parent,
 		CreatedAt: cp.CreatedAt, UpdatedAt: cp.UpdatedAt, CompletedAt: cp.CompletedAt,
 		Steps: []StepView{},
+	}
+	if cp.Fan != nil {
+		v.Fan = newFanView(cp)
 	}
 	add := func(id, kind string, idx int) {
 		sv := StepView{ID: id, Kind: kind, Status: schemas.StepPending}
