@@ -791,3 +791,25 @@ func (e *Engine) compiledFor(hash string) (*compiled, error) {
 	}
 	return e.compiled.get(def)
 }
+
+// dropChunks deletes the chunks of map outputs base referred to and next,
+// now written, does not: the map finished (its outputs are in the state)
+// or failed. Best effort: a chunk left by a crash here stays in the value
+// store (it is small, and named after the job).
+func (e *Engine) dropChunks(ctx context.Context, base, next *schemas.Checkpoint) {
+	if base.Fan == nil || len(base.Fan.Chunks) == 0 || e.store.Values == nil {
+		return
+	}
+	var drop []schemas.ValueRef
+	for _, ch := range base.Fan.Chunks {
+		if next.Fan == nil || !slices.Contains(next.Fan.Chunks, ch) {
+			drop = append(drop, schemas.ValueRef{Digest: ch.Digest, Bytes: ch.Bytes})
+		}
+	}
+	if len(drop) == 0 {
+		return
+	}
+	if err := e.store.Values.DeleteOwner(ctx, base.MsgPrefix(), drop); err != nil {
+		e.log.Warn("could not delete the output chunks of a finished map", "job", base.JobID, "chunks", len(drop), "err", err)
+	}
+}

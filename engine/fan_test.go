@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -524,5 +525,97 @@ steps:
 	v = b.wait(b.start(grow, `{}`, "grow-1"))
 	if v.Status != schemas.JobFailed || v.Error == nil || v.Error.Code != schemas.CodeTooLarge || !strings.Contains(v.Error.Message, "the job's limit is 409600") {
 		t.Fatalf("grow: status %s, error %+v; want too_large naming the limit", v.Status, v.Error)
+	}
+}
+
+// TestRequeueSendsLostFanDispatchesAgain: the messages of a map's items in
+// flight are lost with the queues; Requeue sends each again under a new
+// attempt, the late answers of the old attempts are stale, and the job
+// completes with every output once.
+func TestRequeueSendsLostFanDispatchesAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	def := b.define(mapDocs)
+	id := b.start(def, docsInput(6), "requeue-1")
+	var lost []held
+	for range 4 { // the concurrency: taken and never answered, as if lost
+		lost = append(lost, b.nextOf(id, ch))
+	}
+	lostAt := time.Now()
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		if _, err := b.engine.Requeue(context.Background(), lostAt); err != nil {
+			t.Fatal(err)
+		}
+		return b.engine.Stats().Requeued > 0
+	}, "Requeue sent nothing again")
+	again := map[int]held{}
+	for range 4 {
+		h := b.nextOf(id, ch)
+		if h.sm.Attempt != 2 {
+			t.Fatalf("item %d came again as attempt %d", h.sm.Item, h.sm.Attempt)
+		}
+		again[h.sm.Item] = h
+	}
+	for _, h := range lost {
+		if _, ok := again[h.sm.Item]; !ok {
+			t.Fatalf("item %d was not sent again", h.sm.Item)
+		}
+		h.reply(json.RawMessage(`"stale"`), nil)
+	}
+	for _, h := range again {
+		h.reply(json.RawMessage(`"fresh"`), nil)
+	}
+	for range 2 {
+		h := b.nextOf(id, ch)
+		h.reply(json.RawMessage(`"fresh"`), nil)
+	}
+	b.nextOf(id, ch).reply(json.RawMessage(`{}`), nil) // the step after
+	v := b.wait(id)
+	got, _ := json.Marshal(decodeState(t, v.State)["doubled"])
+	if v.Status != schemas.JobCompleted || string(got) != `["fresh","fresh","fresh","fresh","fresh","fresh"]` {
+		t.Fatalf("status %s, outputs %s", v.Status, got)
+	}
+}
+
+// TestSweepDeletesAJobsValues: once a finished job is past its retention,
+// the values its state kept by reference go with it.
+func TestSweepDeletesAJobsValues(t *testing.T) {
+	t.Parallel()
+	var offset atomic.Int64
+	b := setup(t, setupOptions{kv: kv.Config{JobRetention: time.Hour}, engine: Config{Now: func() time.Time {
+		return time.Now().Add(time.Duration(offset.Load()))
+	}}})
+	big := strings.Repeat("z", 80<<10)
+	b.worker(func(sm *schemas.StepMessage) (json.RawMessage, *schemas.Error) {
+		return json.RawMessage(fmt.Sprintf("%q", big)), nil
+	})
+	def := b.define("name: keep\nversion: 1\nsteps:\n  - {id: a, kind: noop, save_as: big}\n")
+	id := b.start(def, `{}`, "sweep-values")
+	if v := b.wait(id); v.Status != schemas.JobCompleted {
+		t.Fatalf("status %s", v.Status)
+	}
+	ctx := context.Background()
+	ent, err := b.store.Checkpoints.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refs, _ := schemas.FindRefs(ent.Checkpoint.State)
+	if len(refs) != 1 {
+		t.Fatalf("state refs %v, want the one value", refs)
+	}
+	if _, err := b.store.Values.Get(ctx, ent.Checkpoint.MsgPrefix(), refs[0]); err != nil {
+		t.Fatalf("the value before the sweep: %v", err)
+	}
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		_, err := b.store.Jobs.Get(ctx, kv.EndedKey(schemas.JobCompleted, "keep", id))
+		return err == nil
+	}, "the job's ended index entry never came")
+	offset.Store(int64(2 * time.Hour))
+	if err := b.engine.SweepJobs(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.Values.Get(ctx, ent.Checkpoint.MsgPrefix(), refs[0]); !errors.Is(err, schemas.ErrValueMissing) {
+		t.Fatalf("the value after the sweep: %v, want ErrValueMissing", err)
 	}
 }

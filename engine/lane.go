@@ -465,6 +465,9 @@ func (e *Engine) write(ctx context.Context, ps []*plan) (conflicts []*plan) {
 			if e.cfg.OnWrite != nil {
 				e.cfg.OnWrite(f.p.next)
 			}
+			if f.p.base != nil {
+				e.dropChunks(wctx, f.p.base.cp, f.p.next)
+			}
 		}
 	}
 	for _, f := range fl {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/waymark-dev/waymark/kv"
@@ -34,6 +35,8 @@ import (
 func (e *Engine) Requeue(ctx context.Context, lostAt time.Time) (waiting int, err error) {
 	now := e.cfg.Now()
 	var due, blocked []kv.Entry
+	fans := map[string][]string{} // job -> message ids of fan dispatches to send again
+	var fanEnts []kv.Entry
 	var firstErr error
 	note := func(err error) {
 		if err != nil && firstErr == nil {
@@ -88,6 +91,17 @@ func (e *Engine) Requeue(ctx context.Context, lostAt time.Time) (waiting int, er
 				}
 				due = append(due, ent)
 			}
+		case cp.Fan != nil && (cp.Status == schemas.JobRunning || cp.Status == schemas.JobNeedsReconciliation):
+			ids, wait, err := e.lostFanDispatches(ctx, cp, lostAt, now)
+			waiting += wait
+			note(err)
+			if len(ids) > 0 {
+				fans[cp.JobID] = ids
+				fanEnts = append(fanEnts, ent)
+			}
+			if cp.Status == schemas.JobNeedsReconciliation && cp.Blocked != nil {
+				blocked = append(blocked, ent)
+			}
 		case cp.Status == schemas.JobNeedsReconciliation && cp.Blocked != nil:
 			blocked = append(blocked, ent)
 		}
@@ -98,6 +112,9 @@ func (e *Engine) Requeue(ctx context.Context, lostAt time.Time) (waiting int, er
 	}
 	for _, ent := range due {
 		note(e.redispatchLostQueue(ctx, ent, now))
+	}
+	for _, ent := range fanEnts {
+		note(e.redispatchLostFan(ctx, ent, fans[ent.Checkpoint.JobID], now))
 	}
 	for _, ent := range blocked {
 		note(e.resumeResolved(ctx, ent, now))
@@ -135,6 +152,99 @@ func (e *Engine) queuesLost(ctx context.Context, cp *schemas.Checkpoint) (bool, 
 func (e *Engine) redispatchLostQueue(ctx context.Context, ent kv.Entry, now time.Time) error {
 	written, err := e.transitionOne(ctx, ent, "requeue/"+ent.Checkpoint.Current.MsgID, now, func(_ *compiled, next *schemas.Checkpoint) []event {
 		return []event{redispatchLost(next, now)}
+	})
+	if written && err == nil {
+		e.ctr.requeued.Add(1)
+	}
+	return err
+}
+
+// lostFanDispatches returns the message ids of the fan dispatches of cp
+// recorded before lostAt that the lost queues held, and how many must
+// still wait for their turn. A fan's dispatches share the job's work
+// subject, so the streams cannot say which message is there: every
+// dispatch recorded before the loss is taken as lost (a copy of one still
+// queued is harmless: the worker's fencing and the ledger see to it),
+// unless the inbox holds something for the job, whose engine decides
+// first. Lookup and unsafe dispatches whose effect the ledger records as
+// dispatched wait as Requeue says.
+func (e *Engine) lostFanDispatches(ctx context.Context, cp *schemas.Checkpoint, lostAt, now time.Time) (ids []string, waiting int, err error) {
+	var old []*schemas.Dispatch
+	for _, d := range cp.Fan.Running {
+		if !d.DispatchedAt.Before(lostAt) {
+			continue
+		}
+		if now.Before(d.DispatchedAt.Add(PublishGrace)) {
+			waiting++
+			continue
+		}
+		old = append(old, d)
+	}
+	if len(old) == 0 {
+		return nil, waiting, nil
+	}
+	pending, err := e.store.Queues.InboxPending(ctx, cp.JobID)
+	if err != nil || pending {
+		return nil, waiting, err
+	}
+	def, err := e.store.Definitions.Get(ctx, cp.DefinitionHash)
+	if err != nil {
+		return nil, waiting, fmt.Errorf("requeue job %s: %w", cp.JobID, err)
+	}
+	for _, d := range old {
+		s := def.Step(d.Step)
+		if s == nil {
+			continue
+		}
+		switch def.EffectOf(s) {
+		case schemas.EffectPure, schemas.EffectIdempotent:
+		default:
+			state, err := e.effectState(ctx, d.EffectKey)
+			if err != nil {
+				return nil, waiting, err
+			}
+			if state == schemas.EffectDispatched && now.Before(lostAt.Add(def.TimeoutOf(s)+e.cfg.StallGrace)) {
+				waiting++
+				continue
+			}
+		}
+		ids = append(ids, d.MsgID)
+	}
+	return ids, waiting, nil
+}
+
+// redispatchLostFan gives each of the fan dispatches ids (still in flight
+// when the transition is written) a new attempt and message id, without
+// using up a retry, and publishes them.
+func (e *Engine) redispatchLostFan(ctx context.Context, ent kv.Entry, ids []string, now time.Time) error {
+	written, err := e.transitionOne(ctx, ent, "requeue/"+ids[0], now, func(c *compiled, next *schemas.Checkpoint) []event {
+		if next.Fan == nil {
+			return nil
+		}
+		var evs []event
+		for i, d := range next.Fan.Running {
+			if !slices.Contains(ids, d.MsgID) {
+				continue
+			}
+			nd := *d
+			nd.Attempt++
+			nd.DispatchedAt = now
+			if nd.Item > 0 {
+				nd.MsgID = schemas.ItemMsgID(next.MsgPrefix(), nd.Step, next.Fan.Run, nd.Item, nd.Attempt)
+			} else {
+				rec := next.Steps[nd.Step]
+				if rec == nil {
+					continue
+				}
+				rec.Attempts++
+				nd.Attempt = rec.Attempts
+				nd.MsgID = schemas.StepMsgID(next.MsgPrefix(), nd.Step, nd.Attempt)
+			}
+			next.Fan.Running[i] = &nd
+			evs = append(evs, event{typ: schemas.EventStepDispatched, data: schemas.HistoryData{Job: next.JobID, Step: nd.Step, Attempt: nd.Attempt, Item: nd.Item,
+				Status: string(schemas.StepDispatched), Reason: "its message was lost with the queues (a server restart with memory queues): dispatched again"}})
+		}
+		return evs
 	})
 	if written && err == nil {
 		e.ctr.requeued.Add(1)

@@ -90,6 +90,20 @@ func (e *Engine) sweepJob(ctx context.Context, ie kv.IndexEntry) error {
 			}
 		}
 	}
+	if err == nil && ent.Checkpoint != nil && e.store.Values != nil {
+		// The values its state keeps by reference are the job's own.
+		refs, ferr := schemas.FindRefs(ent.Checkpoint.State)
+		if ferr == nil && ent.Checkpoint.Fan != nil {
+			for _, ch := range ent.Checkpoint.Fan.Chunks {
+				refs = append(refs, schemas.ValueRef{Digest: ch.Digest, Bytes: ch.Bytes})
+			}
+		}
+		if len(refs) > 0 {
+			if err := e.store.Values.DeleteOwner(ctx, ent.Checkpoint.MsgPrefix(), refs); err != nil {
+				return fmt.Errorf("sweep job %s: delete its stored values: %w", ie.Job, err)
+			}
+		}
+	}
 	if err := e.store.History.Purge(ctx, ie.Job); err != nil {
 		return fmt.Errorf("sweep job %s: %w", ie.Job, err)
 	}
@@ -126,6 +140,20 @@ func (e *Engine) effectKeysOf(ctx context.Context, cp *schemas.Checkpoint) ([]st
 	}
 	if err != nil {
 		return nil, err
+	}
+	for i := range def.Steps {
+		if s := &def.Steps[i]; s.ForEach != nil && def.EffectOf(s) != schemas.EffectPure {
+			// Item keys are named after the items, which the job's final
+			// state may no longer hold: read the ledger for the job's records.
+			err = e.store.Effects.List(ctx, func(ent kv.EffectEntry) bool {
+				if r := ent.Record; r.Job == cp.JobID || slices.Contains(r.SharedBy, cp.JobID) {
+					keys = append(keys, r.Key)
+				}
+				return true
+			})
+			slices.Sort(keys)
+			return slices.Compact(keys), err
+		}
 	}
 	for i := range def.Steps {
 		s := &def.Steps[i]
