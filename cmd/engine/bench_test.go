@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,5 +48,41 @@ func TestBenchScaleRuns(t *testing.T) {
 	}
 	if res.RestartJobs != 40 || res.FirstProgressMs <= 0 || res.DrainMs < res.FirstProgressMs {
 		t.Errorf("restart: %d jobs, first progress %v ms, drain %v ms", res.RestartJobs, res.FirstProgressMs, res.DrainMs)
+	}
+}
+
+// TestBenchRefusesBadShapeFlags: the map and parallel shapes' flags out of
+// range, or given with another shape, exit 2 naming the flag, before
+// anything is measured.
+func TestBenchRefusesBadShapeFlags(t *testing.T) {
+	t.Parallel()
+	bin := testsupport.Binary(t, "engine")
+	for _, tc := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"--shape", "map", "--items", "0"}, "--items"},
+		{[]string{"--shape", "map", "--item-concurrency", "0"}, "--item-concurrency"},
+		{[]string{"--shape", "map", "--item-concurrency", "1001"}, "--item-concurrency"},
+		{[]string{"--shape", "parallel", "--branches", "0"}, "--branches"},
+		{[]string{"--shape", "parallel", "--branches", "65"}, "--branches"},
+		{[]string{"--items", "100"}, "--items"},
+		{[]string{"--shape", "chain", "--items", "100"}, "--items"},
+		{[]string{"--shape", "chain", "--branches", "4"}, "--branches"},
+		{[]string{"--shape", "parallel", "--item-concurrency", "4"}, "--item-concurrency"},
+		{[]string{"--shape", "map", "--steps", "5"}, "--steps"},
+		{[]string{"--shape", "map", "--floor-only"}, "--floor-only"},
+		{[]string{"--shape", "star"}, "--shape"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		cmd := exec.CommandContext(ctx, bin, append([]string{"bench"}, tc.args...)...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		cancel()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(stderr.String(), tc.flag) {
+			t.Errorf("bench %s: %v, stderr %q, stdout %q; want exit 2 naming %s", strings.Join(tc.args, " "), err, stderr.String(), out, tc.flag)
+		}
 	}
 }

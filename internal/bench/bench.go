@@ -3,7 +3,9 @@
 // needs per step (a checkpoint compare-and-swap, a dispatch publish with a
 // dedup id, a pull and ack, a result publish, a consume and ack), with the
 // same payload and concurrency, in the same process, on a fresh embedded
-// server each.
+// server each. Jobs are chains of steps (ShapeChain), or one map step over
+// many items (ShapeMap, measured against chain jobs of the same total
+// steps), or one parallel step and a step after it (ShapeParallel).
 package bench
 
 import (
@@ -26,12 +28,47 @@ import (
 
 	"github.com/waymark-dev/waymark/internal/natsserver"
 	"github.com/waymark-dev/waymark/kv"
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// Shapes of the bench's jobs (Config.Shape).
+const (
+	// ShapeChain: jobs of Config.Steps steps, one after the other.
+	ShapeChain = "chain"
+	// ShapeMap: jobs of one for_each step over Config.Items items, at most
+	// Config.ItemConcurrency in flight per job; every item is a step. The
+	// baseline is chain jobs of ten steps with the same total steps, run in
+	// the same rounds (Result.Baseline).
+	ShapeMap = "map"
+	// ShapeParallel: jobs of one parallel step of Config.Branches branches
+	// followed by one step; Branches+1 steps per job (the parallel step
+	// itself is the engine's and is not counted).
+	ShapeParallel = "parallel"
+)
+
+// Defaults and bounds of the map and parallel shapes.
+const (
+	DefaultItems           = 10000 // Config.Items of ShapeMap
+	DefaultItemConcurrency = 100   // Config.ItemConcurrency of ShapeMap
+	DefaultBranches        = 8     // Config.Branches of ShapeParallel
+	MaxBranches            = 64    // the most Config.Branches taken
+	// BaselineSteps is the length of the chain jobs a map is compared with.
+	BaselineSteps = 10
 )
 
 // Config says what to measure. Zero fields take the defaults stated.
 type Config struct {
-	Jobs        int    `json:"jobs"`          // jobs per round; default 100
-	Steps       int    `json:"steps"`         // steps per job; default 10
+	Shape string `json:"shape"`           // chain (default), map or parallel
+	Jobs  int    `json:"jobs"`            // jobs per round; default 100
+	Steps int    `json:"steps,omitempty"` // steps per job of a chain; default 10 (chain only)
+	// Items is the number of items of a map job (ShapeMap only; default
+	// DefaultItems), ItemConcurrency its for_each.concurrency (default
+	// DefaultItemConcurrency, at most schemas.MaxMapConcurrency).
+	Items           int `json:"items,omitempty"`
+	ItemConcurrency int `json:"item_concurrency,omitempty"`
+	// Branches is the number of branches of a parallel job (ShapeParallel
+	// only; default DefaultBranches, at most MaxBranches).
+	Branches    int    `json:"branches,omitempty"`
 	Concurrency int    `json:"concurrency"`   // jobs in flight; default Jobs
 	Payload     int    `json:"payload_bytes"` // state size in bytes; default 1024
 	Kind        string `json:"kind"`          // noop (default), http (a local server) or model (replay)
@@ -60,11 +97,31 @@ type Config struct {
 
 // WithDefaults fills zero fields.
 func (c Config) WithDefaults() Config {
+	if c.Shape == "" {
+		c.Shape = ShapeChain
+	}
 	if c.Jobs == 0 {
 		c.Jobs = 100
+		if c.Shape == ShapeMap {
+			c.Jobs = 1
+		}
 	}
-	if c.Steps == 0 {
-		c.Steps = 10
+	switch c.Shape {
+	case ShapeChain:
+		if c.Steps == 0 {
+			c.Steps = 10
+		}
+	case ShapeMap:
+		if c.Items == 0 {
+			c.Items = DefaultItems
+		}
+		if c.ItemConcurrency == 0 {
+			c.ItemConcurrency = DefaultItemConcurrency
+		}
+	case ShapeParallel:
+		if c.Branches == 0 {
+			c.Branches = DefaultBranches
+		}
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = c.Jobs
@@ -91,9 +148,12 @@ func (c Config) WithDefaults() Config {
 }
 
 func (c Config) validate() error {
+	if err := c.validateShape(); err != nil {
+		return err
+	}
 	switch {
-	case c.Jobs < 1 || c.Steps < 1 || c.Concurrency < 1 || c.Rounds < 1:
-		return fmt.Errorf("bench: jobs, steps, concurrency and rounds must be at least 1")
+	case c.Jobs < 1 || c.Concurrency < 1 || c.Rounds < 1:
+		return fmt.Errorf("bench: jobs, concurrency and rounds must be at least 1")
 	case c.Concurrency > c.Jobs:
 		return fmt.Errorf("bench: concurrency %d exceeds jobs %d", c.Concurrency, c.Jobs)
 	case c.Payload < 0 || c.Payload > 512<<10:
@@ -110,22 +170,96 @@ func (c Config) validate() error {
 	return nil
 }
 
+func (c Config) validateShape() error {
+	switch c.Shape {
+	case ShapeChain:
+		switch {
+		case c.Steps < 1:
+			return fmt.Errorf("bench: steps %d: want at least 1", c.Steps)
+		case c.Items != 0 || c.ItemConcurrency != 0:
+			return fmt.Errorf("bench: items and item concurrency are for the map shape, not chain")
+		case c.Branches != 0:
+			return fmt.Errorf("bench: branches are for the parallel shape, not chain")
+		}
+		return nil
+	case ShapeMap, ShapeParallel:
+	default:
+		return fmt.Errorf("bench: shape %q: want chain, map or parallel", c.Shape)
+	}
+	switch {
+	case c.Steps != 0:
+		return fmt.Errorf("bench: steps are for the chain shape; a %s job's steps follow from its shape", c.Shape)
+	case c.Kind != "noop":
+		return fmt.Errorf("bench: kind %q: the %s shape runs noop steps only", c.Kind, c.Shape)
+	case c.Floor:
+		return fmt.Errorf("bench: the floor is measured for the chain shape only, not %s", c.Shape)
+	case !c.Engine:
+		return fmt.Errorf("bench: the %s shape measures Waymark: Engine must be set", c.Shape)
+	}
+	if c.Shape == ShapeMap {
+		switch {
+		case c.Items < 1 || c.Items > schemas.DefaultMaxItems:
+			return fmt.Errorf("bench: items %d: want 1..%d", c.Items, schemas.DefaultMaxItems)
+		case c.ItemConcurrency < 1 || c.ItemConcurrency > schemas.MaxMapConcurrency:
+			return fmt.Errorf("bench: item concurrency %d: want 1..%d", c.ItemConcurrency, schemas.MaxMapConcurrency)
+		case c.Branches != 0:
+			return fmt.Errorf("bench: branches are for the parallel shape, not map")
+		}
+		return nil
+	}
+	switch {
+	case c.Branches < 1 || c.Branches > MaxBranches:
+		return fmt.Errorf("bench: branches %d: want 1..%d", c.Branches, MaxBranches)
+	case c.Items != 0 || c.ItemConcurrency != 0:
+		return fmt.Errorf("bench: items and item concurrency are for the map shape, not parallel")
+	}
+	return nil
+}
+
+// baseline is the chain run a map is compared with: ten-step no-op jobs
+// with the map's total steps (rounded up to whole jobs), as many steps in
+// flight as the map has items in flight (or all the jobs, if fewer).
+func (c Config) baseline() Config {
+	b := c
+	b.Shape, b.Items, b.ItemConcurrency, b.Branches = ShapeChain, 0, 0, 0
+	b.Steps = BaselineSteps
+	b.Jobs = (c.Jobs*c.Items + BaselineSteps - 1) / BaselineSteps
+	b.Concurrency = min(b.Jobs, c.Concurrency*c.ItemConcurrency)
+	b.Floor, b.Engine = false, true
+	return b
+}
+
+// stepsPerJob is how many steps a job of c's shape counts.
+func (c Config) stepsPerJob() int {
+	switch c.Shape {
+	case ShapeMap:
+		return c.Items
+	case ShapeParallel:
+		return c.Branches + 1
+	}
+	return c.Steps
+}
+
 // Sample is one round's measurements of one system.
 type Sample struct {
-	Steps        int             `json:"steps"`
-	Elapsed      time.Duration   `json:"elapsed_ns"`
-	CPU          time.Duration   `json:"cpu_ns"` // user + system, whole process
-	StepLatency  []time.Duration `json:"-"`      // per step: from the previous step's completion (or the job's start) to this one's
-	JobLatency   []time.Duration `json:"-"`
-	Writes       uint64          `json:"js_writes"`     // messages stored in any stream (KV included)
-	Ops          uint64          `json:"js_ops"`        // client messages into the server: publishes, KV writes, acks, pulls, API calls
-	BytesWritten uint64          `json:"bytes_written"` // to storage, by this process
-	PeakRSS      uint64          `json:"peak_rss_bytes"`
-	PeakHeap     uint64          `json:"peak_heap_bytes"`
-	Checkpoint   int64           `json:"checkpoint_bytes"` // largest final checkpoint of a job
-	Commits      uint64          `json:"group_commits"`    // atomic batches of checkpoints (kv.Config.GroupCommit)
-	Committed    uint64          `json:"group_committed"`  // checkpoint writes they carried
-	Replicas     int             `json:"replicas"`         // of Waymark's streams, as the server reports them
+	// Steps are those completed: for a chain jobs x steps; for a map or
+	// parallel shape counted from the outputs in the jobs' final states.
+	Steps         int             `json:"steps"`
+	Jobs          int             `json:"jobs_completed"`
+	Elapsed       time.Duration   `json:"elapsed_ns"`
+	CPU           time.Duration   `json:"cpu_ns"` // user + system, whole process
+	StepLatency   []time.Duration `json:"-"`      // per step: from the previous step's completion (or the job's start) to this one's
+	JobLatency    []time.Duration `json:"-"`
+	Writes        uint64          `json:"js_writes"`     // messages stored in any stream (KV included)
+	Ops           uint64          `json:"js_ops"`        // client messages into the server: publishes, KV writes, acks, pulls, API calls
+	BytesWritten  uint64          `json:"bytes_written"` // to storage, by this process
+	PeakRSS       uint64          `json:"peak_rss_bytes"`
+	PeakHeap      uint64          `json:"peak_heap_bytes"`
+	Checkpoint    int64           `json:"checkpoint_bytes"`     // largest final checkpoint of a job
+	MaxCheckpoint int64           `json:"max_checkpoint_bytes"` // largest checkpoint written at any time (Waymark only)
+	Commits       uint64          `json:"group_commits"`        // atomic batches of checkpoints (kv.Config.GroupCommit)
+	Committed     uint64          `json:"group_committed"`      // checkpoint writes they carried
+	Replicas      int             `json:"replicas"`             // of Waymark's streams, as the server reports them
 }
 
 // Result is what Run reports: medians over the rounds.
@@ -163,6 +297,15 @@ type Result struct {
 	// CheckpointBytes is the largest final checkpoint of a job (the state
 	// plus what the engine keeps about steps; history is elsewhere).
 	CheckpointBytes int64 `json:"checkpoint_bytes"`
+	// MaxCheckpointBytes is the largest checkpoint the engine wrote at any
+	// time during the rounds, of any job (its JSON encoding, as
+	// CheckpointBytes).
+	MaxCheckpointBytes int64 `json:"max_checkpoint_bytes"`
+	// StepsCounted and JobsCompleted are of Waymark's round with the fewest:
+	// steps completed (for a map or parallel shape counted from the
+	// outputs in the final states) and jobs completed.
+	StepsCounted  int `json:"steps_counted"`
+	JobsCompleted int `json:"jobs_completed"`
 	// WritesPerCommit is the mean number of checkpoint writes per group
 	// commit (0 without group commit).
 	WritesPerCommit float64 `json:"checkpoint_writes_per_commit"`
@@ -173,6 +316,15 @@ type Result struct {
 	ThroughputRatio float64 `json:"throughput_ratio"` // steps_per_s / floor_steps_per_s
 	LatencyRatio    float64 `json:"latency_ratio"`    // step_p50 / floor_step_p50
 	CPURatio        float64 `json:"cpu_ratio"`        // cpu_us_per_step / floor_cpu_us_per_step
+
+	// Map shape only: the chain jobs it is compared with, measured in the
+	// same rounds (Baseline, whose StepsPerS is ChainStepsPerS), and the
+	// ratio of the map's steps/s to theirs. Step latencies are not
+	// measured for a map or parallel shape (a checkpoint write there
+	// carries several steps); job latencies are.
+	ChainStepsPerS float64 `json:"chain_steps_per_s,omitempty"`
+	MapChainRatio  float64 `json:"map_chain_ratio,omitempty"`
+	Baseline       *Result `json:"baseline,omitempty"`
 }
 
 // Run measures cfg.Rounds rounds of the engine and (if cfg.Floor) of the
@@ -194,8 +346,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		defer os.RemoveAll(d)
 		dir = d
 	}
-	var ours, floors []Sample
+	var ours, floors, chains []Sample
 	for r := 0; r < cfg.Rounds; r++ {
+		if cfg.Shape == ShapeMap {
+			s, err := measure(ctx, cfg.baseline(), fmt.Sprintf("%s/chain-%d", dir, r), runEngine)
+			if err != nil {
+				return nil, fmt.Errorf("chain baseline round %d: %w", r+1, err)
+			}
+			chains = append(chains, s)
+		}
 		if cfg.Floor {
 			s, err := measure(ctx, cfg, fmt.Sprintf("%s/floor-%d", dir, r), runFloor)
 			if err != nil {
@@ -211,7 +370,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			ours = append(ours, s)
 		}
 	}
-	return summarise(cfg, ours, floors), nil
+	res := summarise(cfg, ours, floors)
+	if cfg.Shape == ShapeMap {
+		res.Baseline = summarise(cfg.baseline(), chains, nil)
+		res.ChainStepsPerS = res.Baseline.StepsPerS
+		if res.ChainStepsPerS > 0 {
+			res.MapChainRatio = res.StepsPerS / res.ChainStepsPerS
+		}
+	}
+	return res, nil
 }
 
 // system runs cfg's jobs on tg and records per-step completion times in rec.
@@ -285,17 +452,26 @@ func measure(ctx context.Context, cfg Config, dir string, run system) (Sample, e
 	if err != nil {
 		return Sample{}, err
 	}
+	if n := rec.failed.Load(); n > 0 {
+		return Sample{}, fmt.Errorf("%d of %d jobs did not complete; the first: %s", n, cfg.Jobs, rec.firstFailure())
+	}
+	steps := cfg.Jobs * cfg.Steps
+	if cfg.Shape != ShapeChain {
+		steps = int(rec.counted.Load())
+	}
 	s := Sample{
-		Steps:        cfg.Jobs * cfg.Steps,
-		Elapsed:      rec.elapsed(),
-		CPU:          cpuTime() - cpu0,
-		BytesWritten: bytesWritten() - io0,
-		PeakRSS:      peakRSS(),
-		PeakHeap:     peakHeap,
-		Checkpoint:   rec.cpMax.Load(),
-		Commits:      rec.commits.Load(),
-		Committed:    rec.committed.Load(),
-		Replicas:     int(rec.replicas.Load()),
+		Steps:         steps,
+		Jobs:          cfg.Jobs - int(rec.failed.Load()),
+		MaxCheckpoint: rec.cpAny.Load(),
+		Elapsed:       rec.elapsed(),
+		CPU:           cpuTime() - cpu0,
+		BytesWritten:  bytesWritten() - io0,
+		PeakRSS:       peakRSS(),
+		PeakHeap:      peakHeap,
+		Checkpoint:    rec.cpMax.Load(),
+		Commits:       rec.commits.Load(),
+		Committed:     rec.committed.Load(),
+		Replicas:      int(rec.replicas.Load()),
 	}
 	s.StepLatency, s.JobLatency = rec.latencies()
 	s.Ops = uint64(tg.inMsgs() - in0)
@@ -315,6 +491,12 @@ type recorder struct {
 	pending int
 	done    chan struct{}
 	cpMax   atomic.Int64 // largest final checkpoint, bytes (Waymark only)
+	cpAny   atomic.Int64 // largest checkpoint written at any time, bytes (Waymark only)
+	// counted: steps counted from the final states (Waymark's map and
+	// parallel shapes); failed: jobs that ended other than completed, the
+	// first of them described in failure.
+	counted, failed atomic.Int64
+	failure         string
 	// commits, committed: group commits of checkpoints and the writes they
 	// carried (Waymark only).
 	commits, committed atomic.Uint64
@@ -356,6 +538,21 @@ func (r *recorder) stepDone(job string, final bool) {
 			close(r.done)
 		}
 	}
+}
+
+// jobFailed records a job that ended other than completed.
+func (r *recorder) jobFailed(what string) {
+	r.mu.Lock()
+	if r.failed.Add(1) == 1 {
+		r.failure = what
+	}
+	r.mu.Unlock()
+}
+
+func (r *recorder) firstFailure() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.failure
 }
 
 func (r *recorder) wait(ctx context.Context) error {
@@ -510,7 +707,8 @@ func summarise(cfg Config, ours, floors []Sample) *Result {
 	type agg struct {
 		sps, p50, p90, p99, pmax, j50, j99, cpu, ops, writes, bytes []float64
 		rss, heap                                                   uint64
-		cp                                                          int64
+		cp, cpAny                                                   int64
+		steps, jobs                                                 int
 	}
 	collect := func(ss []Sample) agg {
 		var a agg
@@ -530,6 +728,13 @@ func summarise(cfg Config, ours, floors []Sample) *Result {
 			a.rss = max(a.rss, s.PeakRSS)
 			a.heap = max(a.heap, s.PeakHeap)
 			a.cp = max(a.cp, s.Checkpoint)
+			a.cpAny = max(a.cpAny, s.MaxCheckpoint)
+			if a.steps == 0 || s.Steps < a.steps {
+				a.steps = s.Steps
+			}
+			if a.jobs == 0 || s.Jobs < a.jobs {
+				a.jobs = s.Jobs
+			}
 		}
 		return a
 	}
@@ -543,7 +748,8 @@ func summarise(cfg Config, ours, floors []Sample) *Result {
 	r.JSWritesPerStep, r.FloorJSWritesPerStep = median(o.writes), median(f.writes)
 	r.BytesWrittenPerStep, r.FloorBytesWrittenPerStep = median(o.bytes), median(f.bytes)
 	r.EnginePeakRSS, r.EnginePeakHeap, r.FloorPeakRSS = o.rss, o.heap, f.rss
-	r.CheckpointBytes = o.cp
+	r.CheckpointBytes, r.MaxCheckpointBytes = o.cp, o.cpAny
+	r.StepsCounted, r.JobsCompleted = o.steps, o.jobs
 	var commits, committed uint64
 	for _, s := range ours {
 		commits, committed = commits+s.Commits, committed+s.Committed

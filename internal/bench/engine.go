@@ -8,8 +8,10 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/waymark-dev/waymark/engine"
 	"github.com/waymark-dev/waymark/engine/client"
@@ -48,19 +50,35 @@ func runEngine(ctx context.Context, cfg Config, tg *target, rec *recorder) error
 		return err
 	}
 	slots := make(chan struct{}, cfg.Concurrency)
+	sz := newSizer()
+	// Registered before the engine's and worker's stop below, so it runs
+	// after them: no checkpoint is written once the sizer is closed.
+	defer func() { rec.cpAny.Store(sz.close()) }()
 	e, err := engine.New(engine.Config{Store: store, Logger: cfg.Logger, ReconcileInterval: -1,
 		HistoryBatch: cfg.HistoryBatch, CacheBytes: cfg.CacheBytes, Lanes: cfg.Lanes,
 		OnWrite: func(cp *schemas.Checkpoint) {
+			sz.add(cp)
 			if cp.Seq < 2 {
 				return
 			}
 			final := cp.Status.Terminal()
 			if final {
-				n := int64(len(cp.AppendJSON(nil)))
-				for old := rec.cpMax.Load(); n > old && !rec.cpMax.CompareAndSwap(old, n); old = rec.cpMax.Load() {
+				storeMax(&rec.cpMax, int64(len(cp.AppendJSON(nil))))
+				if cp.Status != schemas.JobCompleted {
+					what := fmt.Sprintf("job %s %s", cp.JobID, cp.Status)
+					if cp.Error != nil {
+						what += ": " + cp.Error.Message
+					}
+					rec.jobFailed(what)
+				} else if cfg.Shape != ShapeChain {
+					rec.counted.Add(int64(countSteps(cfg, cp.State)))
 				}
 			}
-			rec.stepDone(cp.JobID, final)
+			// A map's or parallel step's checkpoint write carries several
+			// steps, or none: only the job's latency is recorded.
+			if final || cfg.Shape == ShapeChain {
+				rec.stepDone(cp.JobID, final)
+			}
 			if final {
 				<-slots
 			}
@@ -83,7 +101,7 @@ func runEngine(ctx context.Context, cfg Config, tg *target, rec *recorder) error
 		}()
 	}
 	cl := client.New(store)
-	input, _ := json.Marshal(map[string]string{"payload": strings.Repeat("x", cfg.Payload)})
+	input := benchInput(cfg)
 	errs := make(chan error, 1)
 	go feed(rctx, cfg, slots, func(job string) error {
 		rec.began(job)
@@ -113,10 +131,127 @@ func runEngine(ctx context.Context, cfg Config, tg *target, rec *recorder) error
 	return nil
 }
 
-// benchDefinition is a chain of cfg.Steps steps of cfg.Kind.
+// benchInput is a job's input: the payload, and for a map the list of
+// items, {"n": i} each.
+func benchInput(cfg Config) []byte {
+	payload := strings.Repeat("x", cfg.Payload)
+	if cfg.Shape != ShapeMap {
+		input, _ := json.Marshal(map[string]string{"payload": payload})
+		return input
+	}
+	b := []byte(`{"payload":`)
+	b = strconv.AppendQuote(b, payload)
+	b = append(b, `,"items":[`...)
+	for i := range cfg.Items {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"n":`...)
+		b = strconv.AppendInt(b, int64(i), 10)
+		b = append(b, '}')
+	}
+	return append(b, "]}"...)
+}
+
+// countSteps counts the steps a completed job of a map or parallel shape
+// ran from its final state: the outputs the map gathered under "out", or
+// the parallel job's branch outputs ("b1".."bN") and the step after's
+// ("after").
+func countSteps(cfg Config, state json.RawMessage) int {
+	var st map[string]json.RawMessage
+	if json.Unmarshal(state, &st) != nil {
+		return 0
+	}
+	if cfg.Shape == ShapeMap {
+		var outs []json.RawMessage
+		if json.Unmarshal(st["out"], &outs) != nil {
+			return 0
+		}
+		return len(outs)
+	}
+	n := 0
+	for i := 1; i <= cfg.Branches; i++ {
+		if _, ok := st["b"+strconv.Itoa(i)]; ok {
+			n++
+		}
+	}
+	if _, ok := st["after"]; ok {
+		n++
+	}
+	return n
+}
+
+// storeMax raises v to n if n is larger.
+func storeMax(v *atomic.Int64, n int64) {
+	for old := v.Load(); n > old && !v.CompareAndSwap(old, n); old = v.Load() {
+	}
+}
+
+// sizer measures the encoding of every checkpoint the engine writes, on a
+// goroutine of its own so that the engine's lanes do not pay for it (a
+// map's checkpoint holds its list). Checkpoints are not changed once
+// written (the engine decides on a copy), so reading them later is safe.
+// When its queue is full a checkpoint is measured at once.
+type sizer struct {
+	ch      chan *schemas.Checkpoint
+	largest atomic.Int64
+	done    chan struct{}
+}
+
+func newSizer() *sizer {
+	s := &sizer{ch: make(chan *schemas.Checkpoint, 1<<14), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		var buf []byte
+		for cp := range s.ch {
+			buf = cp.AppendJSON(buf[:0])
+			storeMax(&s.largest, int64(len(buf)))
+		}
+	}()
+	return s
+}
+
+// add measures cp, later or now.
+func (s *sizer) add(cp *schemas.Checkpoint) {
+	select {
+	case s.ch <- cp:
+	default:
+		storeMax(&s.largest, int64(len(cp.AppendJSON(nil))))
+	}
+}
+
+// close measures what is queued and returns the largest size seen; add
+// must not be called again.
+func (s *sizer) close() int64 {
+	close(s.ch)
+	<-s.done
+	return s.largest.Load()
+}
+
+// benchDefinition is cfg's workflow: a chain of cfg.Steps steps of
+// cfg.Kind, or a map or parallel job of no-op steps.
 func benchDefinition(cfg Config) (*schemas.Definition, error) {
 	var b strings.Builder
 	b.WriteString("name: bench\nversion: 1\n")
+	switch cfg.Shape {
+	case ShapeMap:
+		fmt.Fprintf(&b, "steps:\n  - id: each\n    kind: noop\n    save_as: out\n    for_each: {items: items, concurrency: %d}\n", cfg.ItemConcurrency)
+		return parseBench(b.String(), "")
+	case ShapeParallel:
+		b.WriteString("steps:\n  - id: fan\n    kind: parallel\n    branches: [")
+		for i := 1; i <= cfg.Branches; i++ {
+			if i > 1 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "b%d", i)
+		}
+		b.WriteString("]\n    next: [{to: after}]\n")
+		for i := 1; i <= cfg.Branches; i++ {
+			fmt.Fprintf(&b, "  - {id: b%d, kind: noop, save_as: b%d}\n", i, i)
+		}
+		b.WriteString("  - {id: after, kind: noop, save_as: after}\n")
+		return parseBench(b.String(), "")
+	}
 	dir := ""
 	if cfg.Kind == "model" {
 		d, err := os.MkdirTemp("", "waymark-bench-def-")
@@ -148,6 +283,10 @@ func benchDefinition(cfg Config) (*schemas.Definition, error) {
 			fmt.Fprintf(&b, "    next: [{to: s%d}]\n", i+1)
 		}
 	}
-	return schemas.Parse("bench.yaml", []byte(b.String()), schemas.LoadOptions{BaseDir: dir,
-		Checks: []schemas.CheckFunc{engine.Check, steps.Builtins().Check(&steps.Env{ModelMode: steps.ModelReplay})}})
+	return parseBench(b.String(), dir)
+}
+
+func parseBench(yaml, dir string) (*schemas.Definition, error) {
+	return schemas.Parse("bench.yaml", []byte(yaml), schemas.LoadOptions{BaseDir: dir,
+		Checks: []schemas.CheckFunc{engine.Check, steps.Builtins().Check(&steps.Env{ModelMode: steps.ModelReplay}, schemas.KindParallel)}})
 }

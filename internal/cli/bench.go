@@ -16,6 +16,7 @@ import (
 	"github.com/waymark-dev/waymark/internal/bench"
 	"github.com/waymark-dev/waymark/internal/natsserver"
 	"github.com/waymark-dev/waymark/kv"
+	"github.com/waymark-dev/waymark/schemas"
 )
 
 func newBenchCmd(g *globals) *cobra.Command {
@@ -30,10 +31,22 @@ func newBenchCmd(g *globals) *cobra.Command {
 in-process worker, and, in the same process on a fresh server, the floor: a bare
 JetStream loop doing the least Waymark's design needs per step (checkpoint CAS,
 dispatch publish with a dedup id, pull and ack, result publish, consume and ack).
-It prints both and their ratios; medians over --rounds.`,
+It prints both and their ratios; medians over --rounds.
+
+--shape map runs jobs (one, unless --jobs says) of one for_each step over --items
+no-op items, --item-concurrency at a time, and in the same rounds, before each,
+the chain jobs it is compared with: ten no-op steps each, the same total steps,
+as many steps in flight as the map has items. It prints both, the ratio of the
+map's steps/s to the chain's, and the largest checkpoint written at any time.
+--shape parallel runs jobs of one parallel step of --branches no-op branches and
+a no-op step after it (branches + 1 steps per job). The floor is the chain
+shape's only.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(output); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			if err := checkBenchShape(&c, floorOnly, cmd.Flags().Changed); err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
 			if err := checkBenchFlags(c, noFloor, floorOnly); err != nil {
@@ -44,7 +57,7 @@ It prints both and their ratios; medians over --rounds.`,
 				return &ExitError{Code: 2, Err: err}
 			}
 			c.Logger = log
-			c.Floor, c.Engine = !noFloor, !floorOnly
+			c.Floor, c.Engine = !noFloor && c.Shape == bench.ShapeChain, !floorOnly
 			if cpuProfile != "" {
 				f, err := os.Create(cpuProfile)
 				if err != nil {
@@ -78,8 +91,12 @@ It prints both and their ratios; medians over --rounds.`,
 		},
 	}
 	f := cmd.Flags()
-	f.IntVar(&c.Jobs, "jobs", 100, "jobs per round")
-	f.IntVar(&c.Steps, "steps", 10, "steps per job")
+	f.StringVar(&c.Shape, "shape", bench.ShapeChain, "jobs' shape: chain (--steps steps), map (one for_each step over --items items) or parallel (--branches branches, then one step)")
+	f.IntVar(&c.Jobs, "jobs", 100, "jobs per round (default 1 with --shape map)")
+	f.IntVar(&c.Steps, "steps", 10, "steps per job (--shape chain)")
+	f.IntVar(&c.Items, "items", bench.DefaultItems, "items per map job (--shape map)")
+	f.IntVar(&c.ItemConcurrency, "item-concurrency", bench.DefaultItemConcurrency, "a map job's items in flight, its for_each.concurrency: 1..1000 (--shape map)")
+	f.IntVar(&c.Branches, "branches", bench.DefaultBranches, "branches of a parallel job: 1..64 (--shape parallel)")
 	f.IntVar(&c.Concurrency, "concurrency", 0, "jobs in flight (default: all of them)")
 	f.IntVar(&c.Payload, "payload", 1024, "state size in bytes (1..524288)")
 	f.StringVar(&c.Kind, "kind", "noop", "step kind: noop, http (a local server) or model (replayed)")
@@ -164,13 +181,62 @@ checkpoint, and when the last job completed. Linux only.`,
 	return cmd
 }
 
+// checkBenchShape checks --shape and the flags of each shape, naming the
+// flag, and clears in c what its shape does not use (changed says which
+// flags were given); a map takes one job unless --jobs says.
+func checkBenchShape(c *bench.Config, floorOnly bool, changed func(string) bool) error {
+	only := map[string]string{"steps": bench.ShapeChain, "items": bench.ShapeMap, "item-concurrency": bench.ShapeMap, "branches": bench.ShapeParallel}
+	switch c.Shape {
+	case bench.ShapeChain, bench.ShapeMap, bench.ShapeParallel:
+	default:
+		return fmt.Errorf("--shape %q: want chain, map or parallel", c.Shape)
+	}
+	for _, name := range []string{"steps", "items", "item-concurrency", "branches"} {
+		if changed(name) && only[name] != c.Shape {
+			return fmt.Errorf("--%s is for --shape %s, not %s", name, only[name], c.Shape)
+		}
+	}
+	switch c.Shape {
+	case bench.ShapeMap:
+		switch {
+		case c.Items < 1 || c.Items > schemas.DefaultMaxItems:
+			return fmt.Errorf("--items %d: want 1..%d", c.Items, schemas.DefaultMaxItems)
+		case c.ItemConcurrency < 1 || c.ItemConcurrency > schemas.MaxMapConcurrency:
+			return fmt.Errorf("--item-concurrency %d: want 1..%d", c.ItemConcurrency, schemas.MaxMapConcurrency)
+		}
+		if !changed("jobs") {
+			c.Jobs = 1
+		}
+	case bench.ShapeParallel:
+		if c.Branches < 1 || c.Branches > bench.MaxBranches {
+			return fmt.Errorf("--branches %d: want 1..%d", c.Branches, bench.MaxBranches)
+		}
+	}
+	if c.Shape != bench.ShapeChain {
+		if c.Kind != "noop" {
+			return fmt.Errorf("--kind %s: --shape %s runs noop steps only", c.Kind, c.Shape)
+		}
+		if floorOnly {
+			return fmt.Errorf("--floor-only: the floor is measured for --shape chain only, not %s", c.Shape)
+		}
+		c.Steps = 0
+	}
+	if c.Shape != bench.ShapeMap {
+		c.Items, c.ItemConcurrency = 0, 0
+	}
+	if c.Shape != bench.ShapeParallel {
+		c.Branches = 0
+	}
+	return nil
+}
+
 // checkBenchFlags refuses, naming the flag, what bench.Config would turn
 // into a default (a zero) or refuse later with a less precise message.
 func checkBenchFlags(c bench.Config, noFloor, floorOnly bool) error {
 	switch {
 	case c.Jobs < 1:
 		return fmt.Errorf("--jobs %d: want 1 or more", c.Jobs)
-	case c.Steps < 1:
+	case c.Steps < 1 && c.Shape == bench.ShapeChain:
 		return fmt.Errorf("--steps %d: want 1 or more", c.Steps)
 	case c.Rounds < 1:
 		return fmt.Errorf("--rounds %d: want 1 or more", c.Rounds)
@@ -212,7 +278,15 @@ func printBench(w io.Writer, r *bench.Result) {
 	if c.Cluster > 0 {
 		where = fmt.Sprintf("a %d-node loopback cluster, streams replicated on every node", c.Cluster)
 	}
-	fmt.Fprintf(w, "%d jobs x %d %s steps, %d in flight, %d-byte state, sync %s, %s queues, %s, %d round(s)\n\n",
+	switch c.Shape {
+	case bench.ShapeMap:
+		printBenchMap(w, r, where)
+		return
+	case bench.ShapeParallel:
+		printBenchParallel(w, r, where)
+		return
+	}
+	fmt.Fprintf(w, "shape chain: %d jobs x %d %s steps, %d in flight, %d-byte state, sync %s, %s queues, %s, %d round(s)\n\n",
 		c.Jobs, c.Steps, c.Kind, c.Concurrency, c.Payload, c.Sync, c.Queues, where, c.Rounds)
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "\twaymark\tfloor\tratio\t")
@@ -236,8 +310,80 @@ func printBench(w io.Writer, r *bench.Result) {
 	row("bytes written/step", r.BytesWrittenPerStep, r.FloorBytesWrittenPerStep, "%.0f")
 	row("peak RSS MiB", float64(r.EnginePeakRSS)/(1<<20), float64(r.FloorPeakRSS)/(1<<20), "%.1f")
 	_ = tw.Flush()
-	fmt.Fprintf(w, "\npeak Go heap (waymark): %.1f MiB; largest final checkpoint: %d bytes; CPU and memory are of the whole process (server, engine, worker)\n",
-		float64(r.EnginePeakHeap)/(1<<20), r.CheckpointBytes)
+	fmt.Fprintf(w, "\npeak Go heap (waymark): %.1f MiB; largest final checkpoint: %d bytes; largest written at any time: %d bytes; CPU and memory are of the whole process (server, engine, worker)\n",
+		float64(r.EnginePeakHeap)/(1<<20), r.CheckpointBytes, r.MaxCheckpointBytes)
+	if r.WritesPerCommit > 0 {
+		fmt.Fprintf(w, "group commit: %.1f checkpoint writes per atomic batch\n", r.WritesPerCommit)
+	}
+}
+
+// Targets the map and parallel shapes are printed against.
+const (
+	mapChainTarget      = 0.8      // map steps/s over the chain baseline's
+	mapCheckpointTarget = 64 << 10 // bytes: the largest checkpoint of a map job
+)
+
+func met(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT met"
+}
+
+func printBenchMap(w io.Writer, r *bench.Result, where string) {
+	c, b := r.Config, r.Baseline
+	fmt.Fprintf(w, "shape map: %d job(s) x one for_each step over %d noop items, %d items in flight per job, %d job(s) in flight, %d-byte state, sync %s, %s queues, %s, %d round(s)\n",
+		c.Jobs, c.Items, c.ItemConcurrency, c.Concurrency, c.Payload, c.Sync, c.Queues, where, c.Rounds)
+	fmt.Fprintf(w, "baseline in the same rounds: %d chain jobs x %d noop steps, %d in flight\n\n", b.Config.Jobs, b.Config.Steps, b.Config.Concurrency)
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "\tmap\tchain\tratio\t")
+	row := func(name string, a, b float64, format string) {
+		ratio := "-"
+		if b > 0 {
+			ratio = fmt.Sprintf("%.2f", a/b)
+		}
+		fmt.Fprintf(tw, "%s\t"+format+"\t"+format+"\t%s\t\n", name, a, b, ratio)
+	}
+	row("steps counted", float64(r.StepsCounted), float64(b.StepsCounted), "%.0f")
+	row("steps/s", r.StepsPerS, b.StepsPerS, "%.0f")
+	row("job p50 ms", r.JobP50Ms, b.JobP50Ms, "%.1f")
+	row("job p99 ms", r.JobP99Ms, b.JobP99Ms, "%.1f")
+	row("CPU us/step", r.CPUUsPerStep, b.CPUUsPerStep, "%.0f")
+	row("JetStream ops/step", r.JSOpsPerStep, b.JSOpsPerStep, "%.1f")
+	row("stored msgs/step", r.JSWritesPerStep, b.JSWritesPerStep, "%.1f")
+	row("bytes written/step", r.BytesWrittenPerStep, b.BytesWrittenPerStep, "%.0f")
+	row("largest checkpoint B", float64(r.MaxCheckpointBytes), float64(b.MaxCheckpointBytes), "%.0f")
+	row("peak RSS MiB", float64(r.EnginePeakRSS)/(1<<20), float64(b.EnginePeakRSS)/(1<<20), "%.1f")
+	_ = tw.Flush()
+	fmt.Fprintf(w, "\nmap/chain steps/s: %.2f (%.0f vs %.0f; target >= %.1f: %s)\n", r.MapChainRatio, r.StepsPerS, r.ChainStepsPerS, mapChainTarget, met(r.MapChainRatio >= mapChainTarget))
+	fmt.Fprintf(w, "largest checkpoint written during the map run: %d bytes (target < %d: %s); largest final: %d bytes\n",
+		r.MaxCheckpointBytes, mapCheckpointTarget, met(r.MaxCheckpointBytes < mapCheckpointTarget), r.CheckpointBytes)
+	fmt.Fprintf(w, "jobs completed: %d of %d; peak Go heap (map): %.1f MiB; CPU and memory are of the whole process (server, engine, worker)\n",
+		r.JobsCompleted, c.Jobs, float64(r.EnginePeakHeap)/(1<<20))
+	if r.WritesPerCommit > 0 {
+		fmt.Fprintf(w, "group commit (map): %.1f checkpoint writes per atomic batch\n", r.WritesPerCommit)
+	}
+}
+
+func printBenchParallel(w io.Writer, r *bench.Result, where string) {
+	c := r.Config
+	fmt.Fprintf(w, "shape parallel: %d jobs x (one parallel step of %d noop branches, then one noop step) = %d steps per job, %d jobs in flight, %d-byte state, sync %s, %s queues, %s, %d round(s)\n\n",
+		c.Jobs, c.Branches, c.Branches+1, c.Concurrency, c.Payload, c.Sync, c.Queues, where, c.Rounds)
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "\twaymark\t")
+	row := func(name string, v float64, format string) { fmt.Fprintf(tw, "%s\t"+format+"\t\n", name, v) }
+	row("steps counted", float64(r.StepsCounted), "%.0f")
+	row("steps/s", r.StepsPerS, "%.0f")
+	row("job p50 ms", r.JobP50Ms, "%.1f")
+	row("job p99 ms", r.JobP99Ms, "%.1f")
+	row("CPU us/step", r.CPUUsPerStep, "%.0f")
+	row("JetStream ops/step", r.JSOpsPerStep, "%.1f")
+	row("stored msgs/step", r.JSWritesPerStep, "%.1f")
+	row("bytes written/step", r.BytesWrittenPerStep, "%.0f")
+	row("peak RSS MiB", float64(r.EnginePeakRSS)/(1<<20), "%.1f")
+	_ = tw.Flush()
+	fmt.Fprintf(w, "\njobs completed: %d of %d; largest final checkpoint: %d bytes; largest written at any time: %d bytes; peak Go heap %.1f MiB; CPU and memory are of the whole process (server, engine, worker)\n",
+		r.JobsCompleted, c.Jobs, r.CheckpointBytes, r.MaxCheckpointBytes, float64(r.EnginePeakHeap)/(1<<20))
 	if r.WritesPerCommit > 0 {
 		fmt.Fprintf(w, "group commit: %.1f checkpoint writes per atomic batch\n", r.WritesPerCommit)
 	}
