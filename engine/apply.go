@@ -47,13 +47,15 @@ func pendingJob(c *compiled, req *schemas.StartRequest, msgID string, now time.T
 // startJob starts a pending job: it dispatches the first step.
 func startJob(c *compiled, cp *schemas.Checkpoint, now time.Time) []event {
 	cp.Status = schemas.JobRunning
-	evs := []event{{typ: schemas.EventJobStarted, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status), Input: cp.State}}}
-	// Large members of the input are kept by reference from here on.
+	// Large members of the input are kept by reference from here on, in
+	// the job.started event too.
 	state, err := c.env.keepLarge(cp, cp.State)
 	if err != nil {
+		evs := []event{{typ: schemas.EventJobStarted, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status)}}}
 		return append(evs, failJob(cp, err.At(cp.JobID, "", 0), now))
 	}
 	cp.State = state
+	evs := []event{{typ: schemas.EventJobStarted, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status), Input: cp.State}}}
 	return append(evs, enter(c, cp, c.def.StartStep(), now)...)
 }
 
@@ -120,6 +122,9 @@ func dispatch(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, not
 		nb := notBefore
 		d.NotBefore = &nb
 		rec.Status = schemas.StepRetrying
+	}
+	if s.Kind == schemas.KindWorkflow {
+		d.Child, d.NotBefore, rec.Status = schemas.ChildJobID(cp.JobID, step, rec.Runs), nil, schemas.StepDispatched
 	}
 	if cp.Fan != nil {
 		cp.Fan.Running = append(cp.Fan.Running, d) // a parallel step's branch

@@ -47,6 +47,9 @@ type Engine struct {
 	// beforeWrite, when set (tests), runs after a transition is decided
 	// and before its checkpoint write is sent.
 	beforeWrite func(job string)
+	// dropChildStart, when set (tests), says whether to skip starting a
+	// child job after its dispatch was written, as a crash there would.
+	dropChildStart func(child string) bool
 }
 
 // New returns an Engine. Errors name the bad Config field.

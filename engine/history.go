@@ -63,8 +63,13 @@ const outboxBulkBytes = 512
 // it holds batch transitions or outboxBulkBytes of bulky data, or the job
 // stopped (completed, failed, or waits for a person), so that history
 // readers see how it stopped.
+// outboxMaxEvents bounds the events an outbox holds: a fan's transitions
+// write many (one per dispatch and result), and a checkpoint should not
+// grow with them.
+const outboxMaxEvents = 64
+
 func flushDue(cp *schemas.Checkpoint, batch int) bool {
-	return len(cp.Events) > 0 && (cp.Status.Stopped() || transitions(cp.Events) >= batch || bulk(cp.Events) >= outboxBulkBytes)
+	return len(cp.Events) > 0 && (cp.Status.Stopped() || transitions(cp.Events) >= batch || bulk(cp.Events) >= outboxBulkBytes || len(cp.Events) >= outboxMaxEvents)
 }
 
 // bulk sums the sizes of the parts of evs that can be large: inputs,

@@ -46,7 +46,7 @@ func (e *Engine) startPublish(ctx context.Context, ps []*plan) *settlement {
 			}
 			fs = append(fs, f)
 		}
-		if p.dispatch && p.republish && cp.Fan == nil {
+		if p.dispatch && p.republish && cp.Fan == nil && cp.Current != nil && cp.Current.Child == "" {
 			// Publish the recorded dispatch again only when the stream says
 			// its message is neither queued nor answered: past the duplicate
 			// window, a copy would be a second message. A fan's are all
@@ -61,6 +61,16 @@ func (e *Engine) startPublish(ctx context.Context, ps []*plan) *settlement {
 		}
 		if p.dispatch {
 			for _, d := range p.sends {
+				if d.Child != "" {
+					if e.dropChildStart != nil && e.dropChildStart(d.Child) {
+						continue
+					}
+					if err := e.startChild(ctx, cp, d); err != nil {
+						p.err = err
+						break
+					}
+					continue
+				}
 				m, err := e.stepMessage(cp, d)
 				if err == nil {
 					var f jetstream.PubAckFuture
@@ -184,6 +194,12 @@ func (e *Engine) afterWrite(ctx context.Context, ps []*plan) {
 				if err := e.store.Jobs.End(ctx, cp, cp.IndexRev); err != nil {
 					p.err = fmt.Errorf("job %s finished: %w", p.job, err)
 					return
+				}
+				if cp.Caller != nil {
+					// A lost notice is sent again by the parent's reconciler.
+					if err := e.notifyCaller(ctx, cp, cp.Caller); err != nil {
+						e.log.Warn("could not tell a child job's parent that it ended", "job", cp.JobID, "parent", cp.Caller.Job, "err", err)
+					}
 				}
 			}
 			if p.markAmbiguous != "" {

@@ -159,6 +159,9 @@ func (e *Engine) reconcileJob(ctx context.Context, ie kv.IndexEntry, now time.Ti
 		if cp.Current == nil {
 			return age, false, nil
 		}
+		if cp.Current.Child != "" {
+			return age, false, e.checkChild(ctx, cp, now)
+		}
 		waiting, err = e.checkOverdue(ctx, ent, now)
 		return age, waiting, err
 	case schemas.JobNeedsReconciliation:

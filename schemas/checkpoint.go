@@ -146,7 +146,9 @@ type Checkpoint struct {
 	// not part of the encoding.
 	Unsaved [][]byte `json:"-"`
 
-	Parent      string     `json:"parent,omitempty"` // forked from this job
+	Parent string `json:"parent,omitempty"` // forked from this job
+	// Caller is the parent job's step that started this job as a child.
+	Caller      *Caller    `json:"caller,omitempty"`
 	CreatedAt   time.Time  `json:"created_at"`
 	UpdatedAt   time.Time  `json:"updated_at"`
 	CompletedAt *time.Time `json:"completed_at,omitempty"`
@@ -207,6 +209,9 @@ type Dispatch struct {
 	// Item is the map item this dispatch runs, counted from 1 (the item at
 	// index Item-1 of the list); 0 for a dispatch that is not a map item.
 	Item int `json:"item,omitempty"`
+	// Child is the id of the child job a workflow step's dispatch starts
+	// and waits for; no step message is published for it.
+	Child string `json:"child,omitempty"`
 }
 
 // StepMsgID returns the dedup id of a step message: "<prefix>/<step>/<attempt>",

@@ -1,8 +1,12 @@
 package schemas
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -14,7 +18,37 @@ const (
 	// KindParallel runs the steps its Branches name at once and joins them
 	// (Join); the engine performs it, no worker does.
 	KindParallel = "parallel"
+	// KindWorkflow starts another workflow as a child job and waits for
+	// it (ChildSettings); the engine performs it, no worker does.
+	KindWorkflow = "workflow"
 )
+
+// ChildSettings are the with settings of a workflow step.
+type ChildSettings struct {
+	// Workflow is the child's workflow name; its definition stored last
+	// when the child starts is pinned into the child.
+	Workflow string `json:"workflow"`
+	// Input is the dotted state path of the child's input (an object);
+	// empty: the whole state.
+	Input string `json:"input,omitempty"`
+}
+
+// ChildOf decodes s's settings as a workflow step's; errors name the step.
+func ChildOf(s *Step) (ChildSettings, error) {
+	var c ChildSettings
+	if len(s.With) == 0 {
+		return c, fmt.Errorf("step %s: a workflow step needs with.workflow", s.ID)
+	}
+	dec := json.NewDecoder(bytes.NewReader(s.With))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return c, fmt.Errorf("step %s: with: %w", s.ID, err)
+	}
+	if c.Workflow == "" {
+		return c, fmt.Errorf("step %s: a workflow step needs with.workflow", s.ID)
+	}
+	return c, nil
+}
 
 // EffectClass says what running a step again does to the outside world.
 // The classes and the ledger behind them follow DESIGN.md invariant 4.
@@ -332,7 +366,7 @@ func (d *Definition) EffectOf(s *Step) EffectClass {
 		return s.Effect
 	}
 	switch s.Kind {
-	case KindModel, KindNoop:
+	case KindModel, KindNoop, KindParallel, KindWorkflow:
 		return EffectPure
 	case KindHTTP:
 		return EffectIdempotent
@@ -397,4 +431,18 @@ func (p RetryPolicy) Delay(next int) time.Duration {
 		}
 	}
 	return min(time.Duration(d), time.Duration(p.Backoff.Max))
+}
+
+// ChildJobID is the id of the child job the run-th run of a parent job's
+// workflow step starts: "<parent>-<step>-r<run>-<8 hex digits of a
+// digest of the three>", the readable part cut to keep the id within 128
+// characters.
+func ChildJobID(parent, step string, run int) string {
+	sum := sha256.Sum256([]byte(parent + "\x00" + step + "\x00" + strconv.Itoa(run)))
+	tail := "-r" + strconv.Itoa(run) + "-" + hex.EncodeToString(sum[:4])
+	head := parent + "-" + step
+	if n := 128 - len(tail); len(head) > n {
+		head = head[:n]
+	}
+	return head + tail
 }

@@ -141,6 +141,10 @@ func (cp *Checkpoint) AppendJSON(dst []byte) []byte {
 	if cp.Parent != "" {
 		w.strField("parent", cp.Parent)
 	}
+	if cp.Caller != nil {
+		b, _ := json.Marshal(cp.Caller)
+		w.rawField("caller", b)
+	}
 	w.timeField("created_at", cp.CreatedAt)
 	w.timeField("updated_at", cp.UpdatedAt)
 	if cp.CompletedAt != nil {
@@ -322,6 +326,9 @@ func (w *jsonw) dispatch(d *Dispatch) {
 	}
 	if d.Item != 0 {
 		w.intField("item", int64(d.Item))
+	}
+	if d.Child != "" {
+		w.strField("child", d.Child)
 	}
 	w.close()
 }

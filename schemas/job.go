@@ -72,6 +72,7 @@ func NewPendingCheckpoint(def *Definition, req *StartRequest, input json.RawMess
 		Steps:          map[string]*StepRecord{},
 		Cause:          cause,
 		Parent:         req.Parent,
+		Caller:         req.Caller,
 		CreatedAt:      now,
 		UpdatedAt:      now,
 	}

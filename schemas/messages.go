@@ -14,7 +14,19 @@ type StartRequest struct {
 	Input          json.RawMessage   `json:"input"`
 	Vars           map[string]string `json:"vars,omitempty"`
 	Parent         string            `json:"parent,omitempty"`
-	RequestedAt    time.Time         `json:"requested_at"`
+	// Caller is the step that started this job as a child job.
+	Caller      *Caller   `json:"caller,omitempty"`
+	RequestedAt time.Time `json:"requested_at"`
+}
+
+// Caller names the dispatch of a parent job's workflow step that started
+// a child job: the child's end is sent to the parent's inbox as the
+// result of that dispatch (Nats-Msg-Id MsgID + "/result").
+type Caller struct {
+	Job     string `json:"job"`
+	Step    string `json:"step"`
+	Attempt int    `json:"attempt"`
+	MsgID   string `json:"msg_id"`
 }
 
 // StepMessage is one attempt of one step, sent to a worker pool on the work

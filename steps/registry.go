@@ -280,6 +280,8 @@ func (r *Registry) check(allowed []string, prepare func(Kind, *Prep) []schemas.P
 			// not read secrets.
 			k, ok := r.Lookup(s.Kind)
 			switch {
+			case s.Kind == schemas.KindParallel || s.Kind == schemas.KindWorkflow:
+				continue // performed by the engine, checked by the loader
 			case ok:
 				ps = append(ps, prepare(k, &Prep{Definition: def, Step: s, Index: i})...)
 			case !contains(allowed, s.Kind):

@@ -98,6 +98,9 @@ type StartOptions struct {
 	JobID string
 	// Vars override the definition's vars for this job (pinned at start).
 	Vars map[string]string
+	// Caller, set by an engine, is the parent job's workflow step that
+	// starts this job as a child.
+	Caller *schemas.Caller
 }
 
 // StartResult says what Start did.
@@ -161,7 +164,7 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 	if err := schemas.CheckStartText(input, opts.Vars); err != nil {
 		return StartResult{}, refuse(err)
 	}
-	req := &schemas.StartRequest{JobID: id, DefinitionHash: def.Hash, Input: input, Vars: opts.Vars, RequestedAt: c.now().UTC()}
+	req := &schemas.StartRequest{JobID: id, DefinitionHash: def.Hash, Input: input, Vars: opts.Vars, Caller: opts.Caller, RequestedAt: c.now().UTC()}
 	checked, err := schemas.CheckJobInput(input, v.input, v.state)
 	if err != nil {
 		return StartResult{}, refuse(err)

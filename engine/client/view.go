@@ -28,9 +28,15 @@ type JobView struct {
 	Vars          map[string]string `json:"vars,omitempty"`
 	Error         *schemas.Error    `json:"error,omitempty"`
 	Parent        string            `json:"parent,omitempty"`
-	CreatedAt     time.Time         `json:"created_at"`
-	UpdatedAt     time.Time         `json:"updated_at"`
-	CompletedAt   *time.Time        `json:"completed_at,omitempty"`
+	// ParentJob is the job whose workflow step started this one as a child
+	// job (its step in ParentStep); Children are the child jobs this job's
+	// workflow steps started, oldest run first.
+	ParentJob   string     `json:"parent_job,omitempty"`
+	ParentStep  string     `json:"parent_step,omitempty"`
+	Children    []string   `json:"children,omitempty"`
+	CreatedAt   time.Time  `json:"created_at"`
+	UpdatedAt   time.Time  `json:"updated_at"`
+	CompletedAt *time.Time `json:"completed_at,omitempty"`
 }
 
 // FanView is a parallel or map step in flight: its branches or items
@@ -109,6 +115,25 @@ func NewJobView(cp *schemas.Checkpoint, def *schemas.Definition) *JobView {
 	}
 	if cp.Fan != nil {
 		v.Fan = newFanView(cp)
+	}
+	if cp.Caller != nil {
+		v.ParentJob, v.ParentStep = cp.Caller.Job, cp.Caller.Step
+	}
+	if def != nil {
+		for i, s := range def.Steps {
+			if s.Kind != schemas.KindWorkflow {
+				continue
+			}
+			runs := 0
+			if r := cp.Steps[s.ID]; r != nil {
+				runs = r.Runs
+			} else if cp.Completed.Has(i) {
+				runs = 1
+			}
+			for run := 1; run <= runs; run++ {
+				v.Children = append(v.Children, schemas.ChildJobID(cp.JobID, s.ID, run))
+			}
+		}
 	}
 	add := func(id, kind string, idx int) {
 		sv := StepView{ID: id, Kind: kind, Status: schemas.StepPending}

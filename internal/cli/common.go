@@ -360,3 +360,69 @@ type inputErr struct {
 
 func (e *inputErr) Error() string { return e.msg }
 func (e *inputErr) Unwrap() error { return e.cause }
+
+// childCheck reports workflow steps whose child workflow known does not
+// know (neither a --child file nor stored).
+func childCheck(known func(name string) bool) schemas.CheckFunc {
+	return func(def *schemas.Definition) []schemas.Problem {
+		var ps []schemas.Problem
+		for i := range def.Steps {
+			s := &def.Steps[i]
+			if s.Kind != schemas.KindWorkflow {
+				continue
+			}
+			cs, err := schemas.ChildOf(s)
+			if err != nil {
+				ps = append(ps, schemas.Problem{Path: fmt.Sprintf("/steps/%d/with", i), Message: err.Error()})
+				continue
+			}
+			if cs.Workflow != def.Name && !known(cs.Workflow) {
+				ps = append(ps, schemas.Problem{Path: fmt.Sprintf("/steps/%d/with/workflow", i),
+					Message: fmt.Sprintf("workflow %q is not stored, and no --child file defines it", cs.Workflow)})
+			}
+		}
+		return ps
+	}
+}
+
+// loadChildren loads the --child workflow files with the checks of
+// loadWorkflowForAnyWorker; by name.
+func loadChildren(paths []string, env *steps.Env, allowKinds []string) (map[string]*schemas.Definition, error) {
+	out := map[string]*schemas.Definition{}
+	for _, p := range paths {
+		def, err := loadWorkflowForAnyWorker(p, env, allowKinds)
+		if err != nil {
+			return nil, err
+		}
+		out[def.Name] = def
+	}
+	return out, nil
+}
+
+// storeChildren checks that every workflow a workflow step of path (or of
+// a child) names is a child file or stored, then stores the children. The
+// error names the file, line and path of a step whose workflow is
+// missing.
+func storeChildren(ctx context.Context, st *kv.Store, path string, children map[string]*schemas.Definition) error {
+	known := func(name string) bool {
+		if _, ok := children[name]; ok {
+			return true
+		}
+		_, err := st.Definitions.Latest(ctx, name)
+		return err == nil
+	}
+	if _, err := schemas.Load(path, schemas.LoadOptions{Checks: []schemas.CheckFunc{childCheck(known)}}); err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
+	for _, def := range children {
+		if ps := childCheck(known)(def); len(ps) > 0 {
+			return &ExitError{Code: 2, Err: fmt.Errorf("child workflow %s: %s: %s", def.Name, schemas.PointerToPath(ps[0].Path), ps[0].Message)}
+		}
+	}
+	for _, def := range children {
+		if err := st.Definitions.Put(ctx, def); err != nil {
+			return fmt.Errorf("store child workflow %s: %w", def.Name, err)
+		}
+	}
+	return nil
+}

@@ -42,7 +42,7 @@ func (g *globals) withClient(ctx context.Context, fn func(*client.Client, *kv.St
 
 func newStartCmd(g *globals) *cobra.Command {
 	var input, jobID, output string
-	var vars []string
+	var vars, childFiles []string
 	var sf stepFlags
 	cmd := &cobra.Command{
 		Use:   "start WORKFLOW [--input FILE]",
@@ -78,7 +78,14 @@ as with engine run. Exit status: 0 started (or attached to the job of that
 			if err := client.CheckInput(def, in); err != nil {
 				return &ExitError{Code: 2, Err: inputError(input, in, err)}
 			}
-			return g.withClient(cmd.Context(), func(c *client.Client, _ *kv.Store) error {
+			children, err := loadChildren(childFiles, env, sf.allowKinds)
+			if err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			return g.withClient(cmd.Context(), func(c *client.Client, st *kv.Store) error {
+				if err := storeChildren(cmd.Context(), st, args[0], children); err != nil {
+					return err
+				}
 				res, err := c.Start(cmd.Context(), def, in, client.StartOptions{JobID: jobID, Vars: vm})
 				if err != nil {
 					return startError(input, err)
@@ -96,6 +103,7 @@ as with engine run. Exit status: 0 started (or attached to the job of that
 	fl.StringVar(&jobID, "job-id", "", "job id; an existing id attaches to that job")
 	fl.StringArrayVar(&vars, "var", nil, "name=value overriding one of the workflow's vars (repeatable)")
 	fl.StringVarP(&output, "output", "o", "text", "text (the job id) or json")
+	fl.StringArrayVar(&childFiles, "child", nil, "a workflow file that workflow steps start as child jobs, stored before the job starts (repeatable)")
 	fl.StringArrayVar(&sf.allowKinds, "allow-kind", nil, "a step kind only remote workers know (repeatable)")
 	sf.ModelMode = steps.ModelAuto // not used: the workers' mode is unknown here
 	return cmd

@@ -50,6 +50,7 @@ type runFlags struct {
 	timeout  time.Duration
 	embedded embeddedFlags
 	steps    stepFlags
+	children []string // --child workflow files
 }
 
 func newRunCmd(g *globals) *cobra.Command {
@@ -76,6 +77,7 @@ and resumes on the next run).`,
 	fl.StringVarP(&f.input, "input", "i", "", "job input: a JSON file, or - for stdin (default: {})")
 	fl.StringVar(&f.jobID, "job-id", "", "job id; an existing id attaches to that job")
 	fl.StringArrayVar(&f.vars, "var", nil, "name=value overriding one of the workflow's vars (repeatable)")
+	fl.StringArrayVar(&f.children, "child", nil, "a workflow file that workflow steps start as child jobs, stored before the job starts (repeatable)")
 	fl.StringVarP(&f.output, "output", "o", "text", "text or json (the final job record as one JSON object)")
 	fl.IntVar(&f.workers, "workers", steps.DefaultConcurrency, "steps the in-process worker runs at once; 0 runs none (use separate worker processes)")
 	fl.DurationVar(&f.timeout, "timeout", 0, "give up waiting after this long (the job stays saved); 0 waits forever")
@@ -276,6 +278,10 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 	if err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}
+	children, err := loadChildren(f.children, env, f.steps.allowKinds)
+	if err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
 	input, err := readInput(f.input, stdin)
 	if err != nil {
 		return &ExitError{Code: 2, Err: err}
@@ -322,6 +328,9 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 	defer st.stop()
 	out := g.stdout
 	text := f.output == "text"
+	if err := storeChildren(ctx, st.store, path, children); err != nil {
+		return err
+	}
 	cl := client.New(st.store)
 	res, err := cl.Start(ctx, def, input, client.StartOptions{JobID: f.jobID, Vars: vars})
 	if err != nil {

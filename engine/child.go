@@ -1,0 +1,163 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/waymark-dev/waymark/engine/client"
+	"github.com/waymark-dev/waymark/kv"
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// Child jobs: a workflow step's dispatch is recorded like any other
+// (intent before action); instead of a step message, the engine starts the
+// child job under an id derived from the dispatch, which a crash cannot
+// change, so a second start attaches to the first. The child's end comes
+// back to the parent's inbox as the dispatch's result. The reconciler
+// covers both crash windows from the parent's side: a child never created
+// is created, an ended child whose result never came is sent again.
+
+// startChild starts the child job of d, a dispatch of cp's workflow step
+// (idempotent: an existing child is attached to).
+func (e *Engine) startChild(ctx context.Context, cp *schemas.Checkpoint, d *schemas.Dispatch) error {
+	def, err := e.store.Definitions.Get(ctx, cp.DefinitionHash)
+	if err != nil {
+		return fmt.Errorf("job %s: start child %s: %w", cp.JobID, d.Child, err)
+	}
+	s := def.Step(d.Step)
+	if s == nil {
+		return fmt.Errorf("job %s: start child %s: no step %q", cp.JobID, d.Child, d.Step)
+	}
+	cs, err := schemas.ChildOf(s)
+	if err != nil {
+		return e.failChild(ctx, cp, d, err.Error())
+	}
+	if ent, err := e.store.Checkpoints.Get(ctx, d.Child); err == nil {
+		if c := ent.Checkpoint.Caller; c == nil || c.Job != cp.JobID || c.Step != d.Step {
+			return e.failChild(ctx, cp, d, fmt.Sprintf("job id %s, which the child job would have, is taken by another job", d.Child))
+		}
+		if ent.Checkpoint.Status.Terminal() {
+			// Started by an earlier attempt of this run, and ended.
+			return e.notifyCaller(ctx, ent.Checkpoint, callerOf(cp, d))
+		}
+		return nil // started before; its end comes to the caller it names, or the reconciler's
+	}
+	childDef, err := e.store.Definitions.Latest(ctx, cs.Workflow)
+	if errors.Is(err, schemas.ErrNotFound) {
+		return e.failChild(ctx, cp, d, fmt.Sprintf("workflow %q is not stored: give it to engine run or engine start with --child FILE", cs.Workflow))
+	}
+	if err != nil {
+		return fmt.Errorf("job %s: start child %s: %w", cp.JobID, d.Child, err)
+	}
+	state := cp.State
+	if schemas.HasRefs(state) {
+		if state, err = schemas.ResolveRefs(state, func(r schemas.ValueRef) ([]byte, error) {
+			return e.store.Values.Get(ctx, cp.MsgPrefix(), r)
+		}); err != nil {
+			return fmt.Errorf("job %s: start child %s: read its input: %w", cp.JobID, d.Child, err)
+		}
+	}
+	input := json.RawMessage(state)
+	if cs.Input != "" {
+		v, _, err := cutPath(state, strings.Split(cs.Input, "."))
+		if err != nil {
+			return e.failChild(ctx, cp, d, fmt.Sprintf("with.input: state.%s: %v", cs.Input, err))
+		}
+		input = v
+	}
+	_, err = client.New(e.store).Start(ctx, childDef, input, client.StartOptions{JobID: d.Child, Caller: callerOf(cp, d)})
+	switch {
+	case err == nil:
+		e.ctr.childrenStarted.Add(1)
+		return nil
+	case errors.Is(err, schemas.ErrConflict):
+		return nil // started before, under the definition stored then
+	case errors.Is(err, schemas.ErrInputInvalid), errors.Is(err, schemas.ErrTooLarge):
+		return e.failChild(ctx, cp, d, "the child's input was refused: "+err.Error())
+	}
+	return fmt.Errorf("job %s: start child %s: %w", cp.JobID, d.Child, err)
+}
+
+func callerOf(cp *schemas.Checkpoint, d *schemas.Dispatch) *schemas.Caller {
+	return &schemas.Caller{Job: cp.JobID, Step: d.Step, Attempt: d.Attempt, MsgID: d.MsgID}
+}
+
+// failChild answers d with a failure: its child could not be started.
+func (e *Engine) failChild(ctx context.Context, cp *schemas.Checkpoint, d *schemas.Dispatch, why string) error {
+	res := &schemas.StepResult{Job: cp.JobID, Step: d.Step, Attempt: d.Attempt,
+		Error: &schemas.Error{Code: schemas.CodeStepFailed, Message: "child job " + d.Child + ": " + why}}
+	return e.sendResult(ctx, res, d.MsgID)
+}
+
+// notifyCaller sends a child job's end to c, its parent's dispatch: its
+// final state as the output of the workflow step, or its error.
+func (e *Engine) notifyCaller(ctx context.Context, cp *schemas.Checkpoint, c *schemas.Caller) error {
+	res := &schemas.StepResult{Job: c.Job, Step: c.Step, Attempt: c.Attempt}
+	if cp.Status == schemas.JobFailed {
+		msg := "child job " + cp.JobID + " failed"
+		if cp.Error != nil {
+			msg += ": " + cp.Error.Message
+		}
+		res.Error = &schemas.Error{Code: schemas.CodeStepFailed, Message: msg}
+	} else {
+		out := cp.State
+		if schemas.HasRefs(out) {
+			var err error
+			if out, err = schemas.ResolveRefs(out, func(r schemas.ValueRef) ([]byte, error) {
+				return e.store.Values.Get(ctx, cp.MsgPrefix(), r)
+			}); err != nil {
+				return fmt.Errorf("child job %s: read its output: %w", cp.JobID, err)
+			}
+		}
+		if limit := int(e.store.Config.MaxMessageBytes) - schemas.StepMessageRoom; len(out) > limit {
+			res.Error = &schemas.Error{Code: schemas.CodeTooLarge, Message: fmt.Sprintf("child job %s completed with a state of %d bytes; a result carries at most %d", cp.JobID, len(out), limit)}
+		} else {
+			res.Output = out
+		}
+	}
+	return e.sendResult(ctx, res, c.MsgID)
+}
+
+// sendResult publishes res to its job's inbox as the result of the
+// dispatch whose message id is msgID (dedup id msgID + "/result").
+func (e *Engine) sendResult(ctx context.Context, res *schemas.StepResult, msgID string) error {
+	m := nats.NewMsg(e.store.Names.InboxSubject(kv.InboxResult, res.Job))
+	data, err := schemas.EncodeStepResult(res, m.Header)
+	if err != nil {
+		return err
+	}
+	m.Data = data
+	m.Header.Set(jetstream.MsgIDHeader, msgID+"/result")
+	if _, err := e.store.JS.PublishMsg(ctx, m); err != nil {
+		return fmt.Errorf("send the result of %s to job %s: %w", msgID, res.Job, err)
+	}
+	return nil
+}
+
+// checkChild is the reconciler's look at a parent waiting on a child: a
+// child that does not exist is started, one that ended has its end sent
+// again (harmless when it was applied: the dedup id, then staleness).
+func (e *Engine) checkChild(ctx context.Context, cp *schemas.Checkpoint, now time.Time) error {
+	d := cp.Current
+	if now.Sub(d.DispatchedAt) < 2*PublishGrace {
+		return nil // its engine may be starting it right now
+	}
+	ent, err := e.store.Checkpoints.Get(ctx, d.Child)
+	switch {
+	case errors.Is(err, schemas.ErrNotFound):
+		e.log.Info("starting a child job its parent's engine did not start", "job", cp.JobID, "child", d.Child)
+		return e.startChild(ctx, cp, d)
+	case err != nil:
+		return fmt.Errorf("reconcile job %s: read child %s: %w", cp.JobID, d.Child, err)
+	case ent.Checkpoint.Status.Terminal():
+		return e.notifyCaller(ctx, ent.Checkpoint, callerOf(cp, d))
+	}
+	return nil
+}

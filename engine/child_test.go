@@ -1,0 +1,152 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/waymark-dev/waymark/internal/testsupport"
+	"github.com/waymark-dev/waymark/kv"
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+const kidWorkflow = `
+name: kid
+version: 1
+input_schema: {type: object, required: [n], properties: {n: {type: integer}}}
+steps:
+  - {id: k1, kind: noop, save_as: k1, next: [{to: k2}]}
+  - {id: k2, kind: noop, save_as: k2}
+`
+
+const parentWorkflow = `
+name: parent
+version: 1
+steps:
+  - id: call
+    kind: workflow
+    with: {workflow: kid, input: req}
+    save_as: result
+    on_error: rescue
+    next: [{to: after}]
+  - {id: after, kind: noop, save_as: after}
+  - {id: rescue, kind: noop, save_as: rescued}
+`
+
+// TestChildJobRunsAndReturnsItsOutput: a workflow step starts its child
+// under a derived id, with the child's definition pinned and the input
+// taken from state; the child's final state is the step's output; status
+// shows parent and children. A child that fails fails the step (on_error
+// runs); an input the child's schema refuses fails it without a child.
+func TestChildJobRunsAndReturnsItsOutput(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	b.worker(echo)
+	kid := b.storeDef(kidWorkflow)
+	parent := b.define(parentWorkflow)
+	v := b.wait(b.start(parent, `{"req": {"n": 7}}`, "p-1"))
+	if v.Status != schemas.JobCompleted {
+		t.Fatalf("status %s, error %+v", v.Status, v.Error)
+	}
+	child := schemas.ChildJobID("p-1", "call", 1)
+	if len(v.Children) != 1 || v.Children[0] != child {
+		t.Errorf("children %v, want [%s]", v.Children, child)
+	}
+	var st struct {
+		Result struct {
+			N  int             `json:"n"`
+			K2 json.RawMessage `json:"k2"`
+		} `json:"result"`
+		After json.RawMessage `json:"after"`
+	}
+	if err := json.Unmarshal(v.State, &st); err != nil || st.Result.N != 7 || st.Result.K2 == nil || st.After == nil {
+		t.Fatalf("parent state %s (%v)", v.State, err)
+	}
+	cv, err := b.client.Job(context.Background(), child)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cv.Status != schemas.JobCompleted || cv.ParentJob != "p-1" || cv.ParentStep != "call" || cv.DefinitionHash != kid.Hash {
+		t.Errorf("child: status %s parent %s/%s definition %s", cv.Status, cv.ParentJob, cv.ParentStep, cv.DefinitionHash)
+	}
+
+	// The child's input fails its schema: the step fails, no child runs.
+	v = b.wait(b.start(parent, `{"req": {"n": "seven"}}`, "p-bad"))
+	if s := stepOf(v, "call"); v.Status != schemas.JobCompleted || s.Status != schemas.StepFailed || !strings.Contains(s.LastError.Message, "the child's input was refused") {
+		t.Errorf("bad input: status %s, step %+v", v.Status, s)
+	}
+	if _, ok := decodeState(t, v.State)["rescued"]; !ok {
+		t.Errorf("on_error did not run: %s", v.State)
+	}
+}
+
+// TestChildFailureFailsTheStep: a child that fails for good fails the
+// workflow step with the child's reason.
+func TestChildFailureFailsTheStep(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	b.worker(func(sm *schemas.StepMessage) (json.RawMessage, *schemas.Error) {
+		if sm.Step == "k2" {
+			return nil, &schemas.Error{Code: schemas.CodeStepFailed, Message: "k2 broke"}
+		}
+		return json.RawMessage(`{}`), nil
+	})
+	b.storeDef(kidWorkflow)
+	parent := b.define(strings.Replace(parentWorkflow, "    on_error: rescue\n", "", 1))
+	v := b.wait(b.start(parent, `{"req": {"n": 1}}`, "p-2"))
+	if v.Status != schemas.JobFailed || v.Error == nil || !strings.Contains(v.Error.Message, "failed: k2 broke") {
+		t.Fatalf("status %s, error %+v", v.Status, v.Error)
+	}
+}
+
+// TestReconcilerStartsALostChildOnce: the engine dies (here: skips the
+// start) between writing the workflow step's dispatch and starting the
+// child; the reconciler starts it, once, and the parent completes. A
+// child whose end never reached its parent is told again.
+func TestReconcilerStartsALostChildOnce(t *testing.T) {
+	t.Parallel()
+	var offset atomic.Int64
+	b := setup(t, setupOptions{kv: kv.Config{}, engine: Config{Now: func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }}})
+	var dropped atomic.Int64
+	b.engine.dropChildStart = func(string) bool { return dropped.Add(1) == 1 }
+	b.worker(echo)
+	b.storeDef(kidWorkflow)
+	parent := b.define(parentWorkflow)
+	id := b.start(parent, `{"req": {"n": 2}}`, "p-3")
+	child := schemas.ChildJobID(id, "call", 1)
+	testsupport.Eventually(t, 10*time.Second, func() bool { return dropped.Load() == 1 }, "the child start was never reached")
+	if _, err := b.client.Job(context.Background(), child); err == nil {
+		t.Fatal("the child exists although its start was dropped")
+	}
+	offset.Store(int64(time.Minute))
+	if err := b.engine.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	v := b.wait(id)
+	if v.Status != schemas.JobCompleted {
+		t.Fatalf("status %s, error %+v", v.Status, v.Error)
+	}
+	if n := b.engine.Stats().ChildrenStarted; n != 1 {
+		t.Errorf("children started: %d, want 1", n)
+	}
+	// Told again: the parent is done, so the repeat changes nothing.
+	if err := b.engine.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.engine.Stats().ChildrenStarted; n != 1 {
+		t.Errorf("children started after another pass: %d, want 1", n)
+	}
+}
+
+// storeDef defines yaml and stores it, as engine run --child does.
+func (b *bundle) storeDef(yaml string) *schemas.Definition {
+	b.t.Helper()
+	def := b.define(yaml)
+	if err := b.store.Definitions.Put(context.Background(), def); err != nil {
+		b.t.Fatal(err)
+	}
+	return def
+}
