@@ -146,7 +146,7 @@ steps:
 // problem or a warning about their conditions.
 func TestCheckAcceptsTheExamples(t *testing.T) {
 	t.Parallel()
-	for _, p := range []string{"examples/quickstart/workflow.yaml", "examples/effects/workflow.yaml"} {
+	for _, p := range []string{"examples/quickstart/workflow.yaml", "examples/effects/workflow.yaml", "examples/research/workflow.yaml", "examples/research/file-report.yaml"} {
 		path := filepath.Join(testsupport.ModuleRoot(), p)
 		if _, err := os.Stat(path); err != nil {
 			t.Fatal(err)

@@ -111,7 +111,9 @@ func stampTo(out []schemas.Event, evs []event, seq uint64, now time.Time) []sche
 	base := len(out)
 	for _, ev := range evs {
 		ev.data.Seq = seq
-		if n := len(out); ev.typ == schemas.EventStepDispatched && n > base {
+		// A map item's dispatch is not folded (the event has no room for its
+		// item), nor a second dispatch (a fan's branches).
+		if n := len(out); ev.typ == schemas.EventStepDispatched && n > base && ev.data.Item == 0 && out[n-1].Data.Item == 0 && out[n-1].Data.NextAttempt == 0 {
 			switch prev := &out[n-1]; prev.Type {
 			case schemas.EventStepCompleted, schemas.EventStepFailed, schemas.EventStepUnblocked, schemas.EventJobUnblocked:
 				prev.Data.Next, prev.Data.NextAttempt = ev.data.Step, ev.data.Attempt

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -296,9 +297,14 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 	if err := client.CheckInput(def, input); err != nil {
 		return &ExitError{Code: 2, Err: inputError(f.input, input, err)}
 	}
-	names := bundledServices(def, env)
-	if missing := missingServices(def, env, names); len(missing) > 0 {
-		return &ExitError{Code: 2, Err: fmt.Errorf("workflow %s uses service(s) %s that are neither bundled nor given: add --service NAME=URL", path, strings.Join(missing, ", "))}
+	// The services of the job's child workflows are started too.
+	all := &schemas.Definition{Steps: slices.Clone(def.Steps)}
+	for _, c := range children {
+		all.Steps = append(all.Steps, c.Steps...)
+	}
+	names := bundledServices(all, env)
+	if missing := missingServices(all, env, names); len(missing) > 0 {
+		return &ExitError{Code: 2, Err: fmt.Errorf("workflow %s (or a --child) uses service(s) %s that are neither bundled nor given: add --service NAME=URL", path, strings.Join(missing, ", "))}
 	}
 	if f.workers < 0 {
 		return &ExitError{Code: 2, Err: fmt.Errorf("--workers %d: want 0 or more", f.workers)}
@@ -443,6 +449,9 @@ func shellQuote(s string) string {
 // next attempt prints that dispatch on a line of its own.
 func printEvent(w io.Writer, h schemas.HistoryEvent) {
 	d := h.Data
+	if d.Item > 0 {
+		d.Step = fmt.Sprintf("%s[%d]", d.Step, d.Item-1) // a map item, by index
+	}
 	dispatched := func(step string, attempt int) {
 		status := "dispatched"
 		if !d.NotBefore.IsZero() {
@@ -471,6 +480,8 @@ func printEvent(w io.Writer, h schemas.HistoryEvent) {
 		fmt.Fprintf(w, "  %-20s attempt %-3d blocked: effect %s is ambiguous; the job needs reconciliation\n", d.Step, d.Attempt, d.EffectKey)
 	case schemas.EventStepUnblocked:
 		fmt.Fprintf(w, "  %-20s unblocked: effect %s resolved by %s\n", d.Step, d.EffectKey, d.By)
+	case schemas.EventStepCancelled:
+		fmt.Fprintf(w, "  %-20s attempt %-3d cancelled: %s\n", d.Step, d.Attempt, d.Reason)
 	case schemas.EventEffectConfirmed, schemas.EventEffectAmbiguous, schemas.EventEffectReconciled, schemas.EventEffectReplayed:
 		ext := ""
 		if d.ExternalID != "" {

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/waymark-dev/waymark/engine/client"
+	"github.com/waymark-dev/waymark/internal/testsupport"
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// TestResearchExampleResumesAfterACrash is the README's map, parallel and
+// child job example: killed in the middle of the map, run again, the job
+// finishes; no document is summarised twice, and the report is filed once
+// by one child job.
+func TestResearchExampleResumesAfterACrash(t *testing.T) {
+	t.Parallel()
+	bin := testsupport.Binary(t, "engine")
+	root := testsupport.ModuleRoot()
+	dir := t.TempDir()
+	args := []string{"run", filepath.Join(root, "examples/research/workflow.yaml"),
+		"--child", filepath.Join(root, "examples/research/file-report.yaml"),
+		"--input", filepath.Join(root, "examples/research/input.json"),
+		"--job-id", "digest-1", "--data-dir", dir, "--sync", "always", "--output", "json"}
+	env := []string{"WAYMARK_MODEL_MODE=replay"}
+	// Die after the third checkpoint: items of the map are done, others in flight.
+	first := spawn(t, append(env, "WAYMARK_FAILPOINTS=engine.after_checkpoint=crash@3"), bin, args...)
+	first.waitKilled(t, 60*time.Second)
+
+	second := spawn(t, env, bin, args...)
+	select {
+	case <-second.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("second run did not finish")
+	}
+	if second.err != nil {
+		t.Fatalf("second run: %v\n%s", second.err, second.out.String())
+	}
+	out := second.out.String()
+	var v client.JobView
+	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &v); err != nil {
+		t.Fatalf("decode job record: %v\n%s", err, out)
+	}
+	if v.Status != schemas.JobCompleted || v.ResumeCount != 1 || len(v.Children) != 1 {
+		t.Fatalf("status %s resume_count %d children %v, want completed after 1 resume with one child", v.Status, v.ResumeCount, v.Children)
+	}
+	var st struct {
+		Summaries []struct {
+			Summary string `json:"summary"`
+		} `json:"summaries"`
+		Headline map[string]string `json:"headline"`
+		Filed    struct {
+			Ticket struct {
+				Tickets []struct {
+					ID string `json:"id"`
+				} `json:"tickets"`
+			} `json:"ticket"`
+		} `json:"filed"`
+	}
+	if err := json.Unmarshal(v.State, &st); err != nil || len(st.Summaries) != 5 || st.Headline["headline"] == "" {
+		t.Fatalf("state %s (%v)", v.State, err)
+	}
+	tickets, err := os.ReadFile(filepath.Join(dir, "demo", "tickets", "tickets.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := bytes.Count(tickets, []byte("\n")); n != 1 {
+		t.Errorf("tickets.jsonl holds %d tickets, want the report filed once", n)
+	}
+	// Without --child the child's workflow is unknown: refused at load,
+	// naming the file, line and path.
+	bad := spawn(t, env, bin, "run", filepath.Join(root, "examples/research/workflow.yaml"),
+		"--input", filepath.Join(root, "examples/research/input.json"), "--data-dir", t.TempDir())
+	<-bad.done
+	var ee *exec.ExitError
+	code := 0
+	if errors.As(bad.err, &ee) {
+		code = ee.ExitCode()
+	}
+	if msg := bad.errOut.String(); code != 2 || !strings.Contains(msg, `workflow.yaml:`) || !strings.Contains(msg, `steps[4].with.workflow: workflow "file-report" is not stored, and no --child file defines it`) {
+		t.Errorf("run without --child: exit %d\n%s", code, msg)
+	}
+}
