@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/waymark-dev/waymark/internal/testsupport"
@@ -93,6 +94,7 @@ func TestParallelBranchesRunAtOnceAndJoin(t *testing.T) {
 type held struct {
 	sm    *schemas.StepMessage
 	reply func(out json.RawMessage, e *schemas.Error)
+	send  func(res *schemas.StepResult) // a result made by the test
 }
 
 // manualWorker acknowledges step messages of the default pool and hands
@@ -113,7 +115,7 @@ func (b *bundle) manualWorker() <-chan held {
 		_ = m.Ack()
 		ch <- held{sm: sm, reply: func(out json.RawMessage, e *schemas.Error) {
 			b.publishResultID(&schemas.StepResult{Job: sm.Job, Step: sm.Step, Attempt: sm.Attempt, Item: sm.Item, Output: out, Error: e, DurationMs: 1}, id)
-		}}
+		}, send: func(res *schemas.StepResult) { b.publishResultID(res, id) }}
 	})
 	if err != nil {
 		b.t.Fatal(err)
@@ -617,5 +619,62 @@ func TestSweepDeletesAJobsValues(t *testing.T) {
 	}
 	if _, err := b.store.Values.Get(ctx, ent.Checkpoint.MsgPrefix(), refs[0]); !errors.Is(err, schemas.ErrValueMissing) {
 		t.Fatalf("the value after the sweep: %v, want ErrValueMissing", err)
+	}
+}
+
+// TestMapItemWithUnknownOutcomeWaitsForAPerson: an item of an unsafe map
+// fails for good while its effect may have happened; the job stops in
+// needs_reconciliation naming the item's key; the item in flight finishes
+// and none is started; the resolution sends that item again and the map
+// goes on to the end.
+func TestMapItemWithUnknownOutcomeWaitsForAPerson(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	def := b.define(strings.Replace(strings.Replace(mapDocs, "kind: noop\n    save_as: doubled", "kind: noop\n    effect: unsafe\n    save_as: doubled", 1), "concurrency: 4}", "concurrency: 2}", 1))
+	id := b.start(def, docsInput(4), "unsafe-map")
+	first, second := b.nextOf(id, ch), b.nextOf(id, ch)
+	key := first.sm.EffectKey
+	if want := id + "/each/" + first.sm.ItemName; key != want {
+		t.Fatalf("item effect key %q, want %q", key, want)
+	}
+	first.send(&schemas.StepResult{Job: id, Step: "each", Attempt: first.sm.Attempt, Item: first.sm.Item, EffectKey: key,
+		EffectState: schemas.EffectDispatched, Error: &schemas.Error{Code: schemas.CodeTimeout, Message: "no answer from the provider"}})
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		v, _ := b.client.Job(context.Background(), id)
+		return v != nil && v.Status == schemas.JobNeedsReconciliation
+	}, "the job did not stop for reconciliation")
+	v, _ := b.client.Job(context.Background(), id)
+	if v.Blocked == nil || v.Blocked.EffectKey != key || v.Blocked.Item != first.sm.Item || v.Fan == nil || v.Fan.Blocked != 1 {
+		t.Fatalf("blocked %+v fan %+v", v.Blocked, v.Fan)
+	}
+	second.reply(json.RawMessage(`"two"`), nil) // in flight: still applied
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		v, _ := b.client.Job(context.Background(), id)
+		return v.Fan != nil && v.Fan.Completed == 1
+	}, "the item in flight was not applied")
+	select {
+	case h := <-ch:
+		t.Fatalf("item %d was dispatched while the job waits for a person", h.sm.Item)
+	case <-time.After(200 * time.Millisecond):
+	}
+	sig := nats.NewMsg(b.store.Names.InboxSubject(kv.InboxSignal, id))
+	sig.Data, _ = json.Marshal(schemas.Signal{Job: id, Type: schemas.SignalEffectResolved, Key: key, By: "test"})
+	if _, err := b.store.JS.PublishMsg(context.Background(), sig); err != nil {
+		t.Fatal(err)
+	}
+	again := b.nextOf(id, ch)
+	if again.sm.Item != first.sm.Item || again.sm.Attempt != first.sm.Attempt+1 || again.sm.EffectKey != key {
+		t.Fatalf("after the resolution came item %d attempt %d key %s", again.sm.Item, again.sm.Attempt, again.sm.EffectKey)
+	}
+	again.reply(json.RawMessage(`"one"`), nil)
+	for range 2 {
+		b.nextOf(id, ch).reply(json.RawMessage(`"more"`), nil)
+	}
+	b.nextOf(id, ch).reply(json.RawMessage(`{}`), nil) // after
+	v = b.wait(id)
+	got, _ := json.Marshal(decodeState(t, v.State)["doubled"])
+	if v.Status != schemas.JobCompleted || string(got) != `["one","two","more","more"]` {
+		t.Fatalf("status %s outputs %s", v.Status, got)
 	}
 }
