@@ -12,6 +12,15 @@
 //	start the job ─► the process SIGKILLs itself at the point
 //	start that process again, without the failpoint ─► wait until the job stops
 //	read the job, the ledger, the history and the providers' counters
+//
+// Parallel and map steps: a parallel step is performed by its branches,
+// each a step with cases of its own (the parallel step itself has none);
+// the engine dispatches the branches in one transition, so its
+// dispatch-side points name the first branch (Point.Target). A map step's
+// cases crash at the first item the point is reached for, with the other
+// items in flight; each item's effect is counted under its own key,
+// <job>/<step>/<item name>. Point.Problems says which promises a case
+// broke.
 package crashtest
 
 import (
@@ -69,9 +78,11 @@ type Config struct {
 type Point struct {
 	Failpoint        string         `json:"failpoint"`
 	Step             string         `json:"step"`
+	Target           string         `json:"target,omitempty"` // the step the failpoint names, when not Step (see failpointTarget)
 	EffectClass      string         `json:"effect_class"`
 	Reached          bool           `json:"reached"` // the process crashed at the point
 	FinalStatus      string         `json:"final_status"`
+	Reason           string         `json:"reason,omitempty"` // why a job that did not complete stopped: its error, or what it waits on
 	ResumeCount      int            `json:"resume_count"`
 	StepsRerun       int            `json:"steps_rerun"`       // dispatches beyond the first, over all steps
 	CallsRepeated    int            `json:"calls_repeated"`    // provider calls beyond the first per key (retries with the same key)
@@ -133,7 +144,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			env.Services[n] = "http://placeholder.invalid"
 		}
 	}
-	def, err := schemas.Load(cfg.Workflow, schemas.LoadOptions{Checks: []schemas.CheckFunc{engine.Check, steps.Builtins().Check(env)}})
+	// Parallel steps are the engine's, not a worker kind: allowed here so
+	// that the registry's check does not refuse them as unknown.
+	def, err := schemas.Load(cfg.Workflow, schemas.LoadOptions{Checks: []schemas.CheckFunc{engine.Check, steps.Builtins().Check(env, schemas.KindParallel)}})
 	if err != nil {
 		return nil, err
 	}
@@ -155,16 +168,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, fmt.Errorf("crashtest: unknown failpoint or case %q; known: %s", p, strings.Join(Cases(), ", "))
 		}
 	}
-	stepIDs := cfg.Steps
-	if len(stepIDs) == 0 {
-		for _, s := range def.Steps {
-			stepIDs = append(stepIDs, s.ID)
-		}
-	}
-	for _, s := range stepIDs {
-		if def.Step(s) == nil {
-			return nil, fmt.Errorf("crashtest: workflow %s has no step %q", def.Name, s)
-		}
+	stepIDs, err := caseSteps(def, cfg.Steps)
+	if err != nil {
+		return nil, err
 	}
 	dir := cfg.Dir
 	if dir == "" {
@@ -199,6 +205,33 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	wg.Wait()
 	return &Report{Points: cases}, nil
+}
+
+// caseSteps returns the steps to crash in: those named, else every step
+// that is dispatched. A parallel step is not: its branches are, each a
+// step of its own with its own cases. A map (for_each) step is, once per
+// item; its cases crash at the first item the point is reached for, with
+// the other items in flight.
+func caseSteps(def *schemas.Definition, named []string) ([]string, error) {
+	if len(named) == 0 {
+		var out []string
+		for _, s := range def.Steps {
+			if s.Kind != schemas.KindParallel {
+				out = append(out, s.ID)
+			}
+		}
+		return out, nil
+	}
+	for _, id := range named {
+		s := def.Step(id)
+		if s == nil {
+			return nil, fmt.Errorf("crashtest: workflow %s has no step %q", def.Name, id)
+		}
+		if s.Kind == schemas.KindParallel {
+			return nil, fmt.Errorf("crashtest: step %q is a parallel step, which no process performs: name its branches (%s)", id, strings.Join(s.Branches, ", "))
+		}
+	}
+	return named, nil
 }
 
 func known(p string) bool {
@@ -283,7 +316,11 @@ func runCase(ctx context.Context, cfg Config, def *schemas.Definition, input jso
 		return err
 	}
 
-	fp := c.Failpoint + "=crash/" + c.Step
+	target := failpointTarget(def, c.Failpoint, c.Step)
+	if target != c.Step {
+		c.Target = target
+	}
+	fp := c.Failpoint + "=crash/" + target
 	engineArgs := []string{"serve", "--nats-url=" + url, "--http=", "--workers=0"}
 	workerArgs := append([]string{"worker", "--nats-url=" + url}, serviceArgs...)
 	crashEngine := strings.HasPrefix(c.Failpoint, "engine.")
@@ -291,7 +328,7 @@ func runCase(ctx context.Context, cfg Config, def *schemas.Definition, input jso
 	case SlowProvider:
 		fp = ""
 	case DeadLetter:
-		fp = failpoint.WorkerAfterRemoteCommit + "=crash/" + c.Step // every delivery
+		fp = failpoint.WorkerAfterRemoteCommit + "=crash/" + target // every delivery
 	}
 	eng := spawn(cfg.Binary, engineArgs, pick(crashEngine, fp), env)
 	wrk := spawn(cfg.Binary, workerArgs, pick(!crashEngine, fp), env)
@@ -393,6 +430,14 @@ func follow(ctx context.Context, cl *client.Client, store *kv.Store, running []*
 		return err
 	}
 	c.FinalStatus = string(view.Status)
+	switch {
+	case view.Error != nil:
+		c.Reason = view.Error.Message
+	case view.Blocked != nil:
+		c.Reason = fmt.Sprintf("effect %s of %s: %s", view.Blocked.EffectKey, view.Blocked.Step, view.Blocked.Reason)
+	case view.BlockedReason != "":
+		c.Reason = view.BlockedReason
+	}
 	c.ResumeCount = view.ResumeCount
 	for _, s := range view.Steps {
 		if s.Attempts > 1 {
@@ -463,6 +508,68 @@ func drained(ctx context.Context, store *kv.Store) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// failpointTarget returns the step the case's failpoint names. The
+// engine dispatches a parallel step's branches in one transition, and its
+// dispatch-side points (before and after the checkpoint, after the
+// dispatch) name the first step that transition sends: for a branch, its
+// parallel step's first branch. (A branch dispatched alone, on a retry,
+// would name itself, but a case's job retries nothing.)
+func failpointTarget(def *schemas.Definition, point, step string) string {
+	switch point {
+	case failpoint.EngineBeforeCheckpoint, failpoint.EngineAfterCheckpoint, failpoint.EngineAfterDispatch:
+	default:
+		return step
+	}
+	for _, s := range def.Steps {
+		if s.Kind == schemas.KindParallel && len(s.Branches) > 0 && contains(s.Branches, step) {
+			return s.Branches[0]
+		}
+	}
+	return step
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Problems returns what in p breaks the promises every case must keep:
+// the case ran and crashed where it should (the slow provider crashes
+// nothing), no effect was performed twice, and the job stopped: completed
+// with every effect in its ledger confirmed, or failed, blocked, waiting
+// for a person or quarantined with a recorded reason. Empty when p holds.
+func (p *Point) Problems() []string {
+	if p.Error != "" {
+		return []string{"the case did not run to the end: " + p.Error}
+	}
+	var out []string
+	if !p.Reached {
+		out = append(out, "the process never crashed at the point")
+	}
+	if p.MaxEffectsPerKey > 1 {
+		out = append(out, fmt.Sprintf("an effect was performed %d times: %v", p.MaxEffectsPerKey, p.Effects))
+	}
+	switch schemas.JobStatus(p.FinalStatus) {
+	case schemas.JobCompleted:
+		for st, n := range p.Ledger {
+			if st != string(schemas.EffectConfirmed) && st != string(schemas.EffectReconciled) {
+				out = append(out, fmt.Sprintf("the job completed with %d effect records %s", n, st))
+			}
+		}
+	case schemas.JobFailed, schemas.JobNeedsReconciliation, schemas.JobBlocked, schemas.JobQuarantined:
+		if p.Reason == "" {
+			out = append(out, fmt.Sprintf("the job stopped %s without a recorded reason", p.FinalStatus))
+		}
+	default:
+		out = append(out, fmt.Sprintf("the job did not stop: final status %q", p.FinalStatus))
+	}
+	return out
 }
 
 func pick(ok bool, s string) string {
