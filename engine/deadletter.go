@@ -83,7 +83,7 @@ func (e *Engine) deadLetter(ctx context.Context, adv deliveryExceeded) error {
 		e.log.Error("removing an unreadable dead letter", "stream_seq", adv.StreamSeq, "err", err)
 		return stream.DeleteMsg(ctx, adv.StreamSeq)
 	}
-	return e.deadLetterStep(ctx, sm.Job, sm.Step, sm.Attempt, raw.Header.Get(jetstream.MsgIDHeader), sm.EffectKey, adv.StreamSeq, adv.Deliveries,
+	return e.deadLetterStep(ctx, sm.Job, sm.Step, sm.Attempt, sm.Item, raw.Header.Get(jetstream.MsgIDHeader), sm.EffectKey, adv.StreamSeq, adv.Deliveries,
 		fmt.Sprintf("delivered %d times, the maximum, and never finished (a worker died or stalled on it every time)", adv.Deliveries))
 }
 
@@ -92,7 +92,7 @@ func (e *Engine) deadLetter(ctx context.Context, adv deliveryExceeded) error {
 // with the ledger state of its effect (so that a step whose call may have
 // happened stops in needs_reconciliation instead of failing), then removes
 // the message. Both steps may be repeated.
-func (e *Engine) deadLetterStep(ctx context.Context, job, step string, attempt int, msgID, effectKey string, seq, deliveries uint64, why string) error {
+func (e *Engine) deadLetterStep(ctx context.Context, job, step string, attempt, item int, msgID, effectKey string, seq, deliveries uint64, why string) error {
 	if msgID == "" {
 		msgID = schemas.StepMsgID(job, step, attempt)
 	}
@@ -101,9 +101,9 @@ func (e *Engine) deadLetterStep(ctx context.Context, job, step string, attempt i
 		return fmt.Errorf("dead letter of %s: %w", job, err)
 	}
 	e.ctr.deadLetters.Add(1)
-	e.log.Warn("poison step: its message will not be delivered again", "job", job, "step", step, "attempt", attempt,
+	e.log.Warn("poison step: its message will not be delivered again", "job", job, "step", step, "attempt", attempt, "item", item,
 		"deliveries", deliveries, "effect_state", state, "why", why)
-	res := &schemas.StepResult{Job: job, Step: step, Attempt: attempt, EffectKey: effectKey, EffectState: state, Error: &schemas.Error{
+	res := &schemas.StepResult{Job: job, Step: step, Attempt: attempt, Item: item, EffectKey: effectKey, EffectState: state, Error: &schemas.Error{
 		Code:    schemas.CodeStepFailed,
 		Message: fmt.Sprintf("poison step: %s; it will not be delivered again", why),
 	}}

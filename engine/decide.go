@@ -256,9 +256,18 @@ items:
 	e.setOutbox(base, cp, evs, now)
 	p.next = cp
 	p.republish = false
-	if republish || p.base == nil {
+	switch {
+	case republish || p.base == nil:
 		p.sends = newDispatches(nil, cp)
-	} else {
+	case cp.Fan != nil && p.base.cp.Fan != nil && p.fresh && p.base.cp.Writer != e.incarnation:
+		// A fan's checkpoint written by another process, which may have
+		// died before publishing its dispatches: a fan's other results can
+		// come before the message that caused it, so that message cannot
+		// tell. Every dispatch in flight is published again (the dedup ids
+		// make copies within the window harmless, fencing and the ledger
+		// past it).
+		p.sends = newDispatches(nil, cp)
+	default:
 		p.sends = newDispatches(p.base.cp, cp)
 	}
 	p.dispatch = len(p.sends) > 0

@@ -26,7 +26,7 @@ import (
 
 // chunkBytes is the size past which a map's outputs leave the checkpoint
 // for a chunk in the value store.
-const chunkBytes = 16 << 10
+const chunkBytes = 8 << 10
 
 // fanEnv is what fan transitions read besides the checkpoint: the lists
 // maps run over, decoded once per fan, and the value store. Shared by an
@@ -312,6 +312,13 @@ func dispatchItem(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, index, a
 		status = schemas.StepRetrying
 	}
 	f.Running = append(f.Running, d)
+	if attempt == 1 {
+		// An item's first dispatch is told by the map's step.dispatched
+		// event and the item's own completion or failure: a map of 10,000
+		// items writes 10,000 fewer events, and its checkpoints' outboxes
+		// stay small.
+		return event{}
+	}
 	return event{typ: schemas.EventStepDispatched, data: schemas.HistoryData{
 		Job: cp.JobID, Step: s.ID, Attempt: attempt, Item: index + 1, Status: string(status), NotBefore: notBefore, EffectKey: key,
 	}}

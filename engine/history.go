@@ -66,7 +66,7 @@ const outboxBulkBytes = 512
 // outboxMaxEvents bounds the events an outbox holds: a fan's transitions
 // write many (one per dispatch and result), and a checkpoint should not
 // grow with them.
-const outboxMaxEvents = 64
+const outboxMaxEvents = 32
 
 func flushDue(cp *schemas.Checkpoint, batch int) bool {
 	return len(cp.Events) > 0 && (cp.Status.Stopped() || transitions(cp.Events) >= batch || bulk(cp.Events) >= outboxBulkBytes || len(cp.Events) >= outboxMaxEvents)
@@ -110,6 +110,9 @@ func stamp(evs []event, seq uint64, now time.Time) []schemas.Event {
 func stampTo(out []schemas.Event, evs []event, seq uint64, now time.Time) []schemas.Event {
 	base := len(out)
 	for _, ev := range evs {
+		if ev.typ == "" {
+			continue // nothing to tell (a map item's first dispatch)
+		}
 		ev.data.Seq = seq
 		// A map item's dispatch is not folded (the event has no room for its
 		// item), nor a second dispatch (a fan's branches).

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -125,13 +126,27 @@ func (p *plan) written() *schemas.Checkpoint {
 	return nil
 }
 
-// dispatchedStep is the step the plan's transition dispatches, for
-// failpoints; "" when none.
-func (p *plan) dispatchedStep() string {
-	if p.next != nil && len(p.sends) > 0 {
-		return p.sends[0].Step
+// dispatchedSteps are the steps the plan's transition dispatches, each
+// once, for failpoints; [""] when none (a failpoint without a step still
+// fires).
+func (p *plan) dispatchedSteps() []string {
+	if p.next == nil || len(p.sends) == 0 {
+		return []string{""}
 	}
-	return ""
+	var out []string
+	for _, d := range p.sends {
+		if !slices.Contains(out, d.Step) {
+			out = append(out, d.Step)
+		}
+	}
+	return out
+}
+
+// injectSteps runs failpoint point once for each step p dispatches.
+func (e *Engine) injectSteps(ctx context.Context, point string, p *plan) {
+	for _, s := range p.dispatchedSteps() {
+		e.fp.InjectStep(ctx, point, s)
+	}
 }
 
 // tally is what deciding a plan found, counted only when it is settled so
@@ -403,7 +418,7 @@ func (e *Engine) write(ctx context.Context, ps []*plan) (conflicts []*plan) {
 		return nil
 	}
 	for _, p := range todo {
-		e.fp.InjectStep(ctx, failpoint.EngineBeforeCheckpoint, p.dispatchedStep())
+		e.injectSteps(ctx, failpoint.EngineBeforeCheckpoint, p)
 	}
 	type inflight struct {
 		p *plan
@@ -472,7 +487,7 @@ func (e *Engine) write(ctx context.Context, ps []*plan) (conflicts []*plan) {
 	}
 	for _, f := range fl {
 		if f.p.rev != 0 {
-			e.fp.InjectStep(ctx, failpoint.EngineAfterCheckpoint, f.p.dispatchedStep())
+			e.injectSteps(ctx, failpoint.EngineAfterCheckpoint, f.p)
 		}
 	}
 	return conflicts

@@ -168,7 +168,7 @@ func (e *Engine) finish(ctx context.Context, st *settlement) {
 	}
 	e.afterWrite(wctx, after)
 	for _, p := range st.plans {
-		e.fp.InjectStep(ctx, failpoint.EngineAfterDispatch, p.dispatchedStep())
+		e.injectSteps(ctx, failpoint.EngineAfterDispatch, p)
 	}
 	e.settle(st.plans)
 }

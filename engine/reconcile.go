@@ -240,7 +240,7 @@ func (e *Engine) checkOverdue(ctx context.Context, ent kv.Entry, now time.Time) 
 			// past the last one the message is never delivered again.
 			horizon := time.Duration(md) * (timeout + ackWait)
 			if now.Sub(facts.stored) > horizon+e.cfg.StallGrace {
-				return false, e.deadLetterStep(ctx, cp.JobID, cur.Step, cur.Attempt, cur.MsgID, cur.EffectKey, facts.seq, uint64(md),
+				return false, e.deadLetterStep(ctx, cp.JobID, cur.Step, cur.Attempt, cur.Item, cur.MsgID, cur.EffectKey, facts.seq, uint64(md),
 					"its message reached the pool's last delivery and no engine heard of it")
 			}
 		}

