@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/internal/testsupport"
 	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
@@ -676,5 +677,29 @@ func TestMapItemWithUnknownOutcomeWaitsForAPerson(t *testing.T) {
 	got, _ := json.Marshal(decodeState(t, v.State)["doubled"])
 	if v.Status != schemas.JobCompleted || string(got) != `["one","two","more","more"]` {
 		t.Fatalf("status %s outputs %s", v.Status, got)
+	}
+}
+
+// TestLargeInputByReference: an input member over the threshold is stored
+// by the client before the job's first checkpoint, which holds its
+// reference; the job runs; starting it again with the same input attaches.
+func TestLargeInputByReference(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	b.worker(echo)
+	def := b.define("name: bigin\nversion: 1\ninput_schema: {type: object, required: [doc], properties: {doc: {type: string, minLength: 300000}}}\nsteps:\n  - {id: a, kind: noop, save_as: a}\n")
+	input := fmt.Sprintf(`{"doc": %q}`, strings.Repeat("d", 300<<10))
+	id := b.start(def, input, "bigin-1")
+	v := b.wait(id)
+	if v.Status != schemas.JobCompleted || decodeState(t, v.State)["doc"] != strings.Repeat("d", 300<<10) {
+		t.Fatalf("status %s error %+v", v.Status, v.Error)
+	}
+	ent, err := b.store.Checkpoints.Get(context.Background(), id)
+	if err != nil || ent.Size > 8<<10 {
+		t.Fatalf("checkpoint of %d bytes (%v); the input should be by reference", ent.Size, err)
+	}
+	res, err := b.client.Start(context.Background(), def, json.RawMessage(input), client.StartOptions{JobID: id})
+	if err != nil || !res.Attached {
+		t.Fatalf("start again: %+v %v, want attached", res, err)
 	}
 }

@@ -170,6 +170,23 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 		return StartResult{}, refuse(err)
 	}
 	cp := schemas.NewPendingCheckpoint(def, req, checked, schemas.StartMsgID(id), c.now().UTC())
+	// Input members over the value threshold go to the value store once
+	// the job's index revision (which names their owner) is known; the
+	// checkpoint and the start request hold their references.
+	var large [][]byte
+	if th := c.store.Config.ValueThreshold; c.store.Values != nil && th > 0 && len(checked) > th {
+		ext, err := schemas.ExternalizeMembers(checked, th, func(v []byte) (schemas.ValueRef, error) {
+			large = append(large, v)
+			return schemas.NewValueRef(v), nil
+		})
+		if err != nil {
+			return StartResult{}, refuse(schemas.Errorf(schemas.CodeTooLarge, "input: %v", err))
+		}
+		if n := int64(len(checked)); n > c.store.Config.MaxJobStateBytes {
+			return StartResult{}, refuse(schemas.Errorf(schemas.CodeTooLarge, "input is %d bytes; a job's state may be at most %d (WAYMARK_MAX_JOB_STATE)", n, c.store.Config.MaxJobStateBytes))
+		}
+		cp.State, req.Input = ext, ext
+	}
 	// Refuse here what the engine could not store or publish once it starts the job.
 	if err := schemas.CheckStartSize(def, req, cp, schemas.SizeLimits{MaxValueBytes: int(c.store.Config.MaxValueBytes), MaxMessageBytes: int(c.store.Config.MaxMessageBytes)}); err != nil {
 		return StartResult{}, refuse(err)
@@ -204,6 +221,11 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 	cp.IndexRev = rev
 	if cp.Reused, err = c.store.Jobs.WasSwept(ctx, id); err != nil {
 		return StartResult{}, fmt.Errorf("start job %s: %w", id, err)
+	}
+	for _, v := range large {
+		if _, err := c.store.Values.Put(ctx, cp.MsgPrefix(), v); err != nil {
+			return StartResult{}, fmt.Errorf("start job %s: store a large input value%s: %w", id, storageFullNote(err), err)
+		}
 	}
 	// The start request's dedup id names this creation of the job, so that
 	// an id used again after its job was swept is not taken for a copy.

@@ -71,6 +71,10 @@ type Config struct {
 	Branches    int    `json:"branches,omitempty"`
 	Concurrency int    `json:"concurrency"`   // jobs in flight; default Jobs
 	Payload     int    `json:"payload_bytes"` // state size in bytes; default 1024
+	// StateValues splits the payload into that many state members of
+	// Payload/StateValues bytes each (v1..vN); 0 or 1: one member. Members
+	// over the value threshold (64 KiB) are kept by reference.
+	StateValues int `json:"state_values,omitempty"`
 	Kind        string `json:"kind"`          // noop (default), http (a local server) or model (replay)
 	Workers     int    `json:"worker_concurrency"`
 	Sync        string `json:"sync"`          // always or interval (default)
@@ -156,8 +160,12 @@ func (c Config) validate() error {
 		return fmt.Errorf("bench: jobs, concurrency and rounds must be at least 1")
 	case c.Concurrency > c.Jobs:
 		return fmt.Errorf("bench: concurrency %d exceeds jobs %d", c.Concurrency, c.Jobs)
-	case c.Payload < 0 || c.Payload > 512<<10:
-		return fmt.Errorf("bench: payload %d bytes: want 0..524288", c.Payload)
+	case c.StateValues < 0 || c.StateValues > 256:
+		return fmt.Errorf("bench: state values %d: want 0..256", c.StateValues)
+	case c.StateValues <= 1 && (c.Payload < 0 || c.Payload > 512<<10):
+		return fmt.Errorf("bench: payload %d bytes: want 0..524288 (or split it with state values)", c.Payload)
+	case c.StateValues > 1 && (c.Payload > 16<<20 || c.Payload/c.StateValues > 512<<10):
+		return fmt.Errorf("bench: payload %d bytes in %d values: want at most 16 MiB, 512 KiB a value", c.Payload, c.StateValues)
 	case c.Kind != "noop" && c.Kind != "http" && c.Kind != "model":
 		return fmt.Errorf("bench: kind %q: want noop, http or model", c.Kind)
 	case c.Sync != natsserver.SyncAlways && c.Sync != natsserver.SyncInterval:

@@ -94,3 +94,18 @@ func TestConfigRefusesShapeMisuse(t *testing.T) {
 		}
 	}
 }
+
+// TestRunLargeState: a state of 1 MiB in 8 values runs (the values kept by
+// reference), and its checkpoints stay small.
+func TestRunLargeState(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r, err := Run(ctx, Config{Jobs: 3, Concurrency: 1, Steps: 3, Payload: 1 << 20, StateValues: 8, Engine: true, Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.JobsCompleted != 3 || r.MaxCheckpointBytes > 16<<10 {
+		t.Errorf("%d jobs completed, largest checkpoint %d bytes; want 3, and references, not values, in the checkpoint", r.JobsCompleted, r.MaxCheckpointBytes)
+	}
+}

@@ -135,6 +135,17 @@ func runEngine(ctx context.Context, cfg Config, tg *target, rec *recorder) error
 // items, {"n": i} each.
 func benchInput(cfg Config) []byte {
 	payload := strings.Repeat("x", cfg.Payload)
+	if cfg.StateValues > 1 {
+		// v1..vN, each a different value (the value store keeps one copy
+		// of equal values).
+		each := cfg.Payload / cfg.StateValues
+		m := map[string]string{}
+		for i := 1; i <= cfg.StateValues; i++ {
+			m["v"+strconv.Itoa(i)] = strconv.Itoa(i) + strings.Repeat("x", max(each-len(strconv.Itoa(i)), 0))
+		}
+		input, _ := json.Marshal(m)
+		return input
+	}
 	if cfg.Shape != ShapeMap {
 		input, _ := json.Marshal(map[string]string{"payload": payload})
 		return input

@@ -98,7 +98,8 @@ shape's only.`,
 	f.IntVar(&c.ItemConcurrency, "item-concurrency", bench.DefaultItemConcurrency, "a map job's items in flight, its for_each.concurrency: 1..1000 (--shape map)")
 	f.IntVar(&c.Branches, "branches", bench.DefaultBranches, "branches of a parallel job: 1..64 (--shape parallel)")
 	f.IntVar(&c.Concurrency, "concurrency", 0, "jobs in flight (default: all of them)")
-	f.IntVar(&c.Payload, "payload", 1024, "state size in bytes (1..524288)")
+	f.IntVar(&c.Payload, "payload", 1024, "state size in bytes (1..524288; up to 16 MiB with --state-values)")
+	f.IntVar(&c.StateValues, "state-values", 0, "split the payload into this many state members (members over 64 KiB are kept by reference)")
 	f.StringVar(&c.Kind, "kind", "noop", "step kind: noop, http (a local server) or model (replayed)")
 	f.IntVar(&c.Workers, "worker-concurrency", 256, "steps the worker runs at once")
 	f.StringVar(&c.Sync, "sync", "interval", "embedded JetStream sync policy: always or interval (the default here is interval; engine run and serve default to always)")
@@ -246,8 +247,12 @@ func checkBenchFlags(c bench.Config, noFloor, floorOnly bool) error {
 		return fmt.Errorf("--concurrency %d: want 1 or more, or 0 for all the jobs at once", c.Concurrency)
 	case c.Concurrency > c.Jobs:
 		return fmt.Errorf("--concurrency %d: more than the %d jobs (--jobs)", c.Concurrency, c.Jobs)
-	case c.Payload < 1 || c.Payload > 512<<10:
-		return fmt.Errorf("--payload %d: want 1..524288 bytes", c.Payload)
+	case c.StateValues < 0 || c.StateValues > 256:
+		return fmt.Errorf("--state-values %d: want 0..256", c.StateValues)
+	case c.StateValues <= 1 && (c.Payload < 1 || c.Payload > 512<<10):
+		return fmt.Errorf("--payload %d: want 1..524288 bytes (more with --state-values)", c.Payload)
+	case c.StateValues > 1 && (c.Payload > 16<<20 || c.Payload/c.StateValues > 512<<10):
+		return fmt.Errorf("--payload %d in --state-values %d: want at most 16 MiB, 512 KiB a value", c.Payload, c.StateValues)
 	case c.Kind != "noop" && c.Kind != "http" && c.Kind != "model":
 		return fmt.Errorf("--kind %q: want noop, http or model", c.Kind)
 	case c.Sync != natsserver.SyncAlways && c.Sync != natsserver.SyncInterval:
