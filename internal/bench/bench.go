@@ -68,14 +68,14 @@ type Config struct {
 	ItemConcurrency int `json:"item_concurrency,omitempty"`
 	// Branches is the number of branches of a parallel job (ShapeParallel
 	// only; default DefaultBranches, at most MaxBranches).
-	Branches    int    `json:"branches,omitempty"`
-	Concurrency int    `json:"concurrency"`   // jobs in flight; default Jobs
-	Payload     int    `json:"payload_bytes"` // state size in bytes; default 1024
+	Branches    int `json:"branches,omitempty"`
+	Concurrency int `json:"concurrency"`   // jobs in flight; default Jobs
+	Payload     int `json:"payload_bytes"` // state size in bytes; default 1024
 	// StateValues splits the payload into that many state members of
 	// Payload/StateValues bytes each (v1..vN); 0 or 1: one member. Members
 	// over the value threshold (64 KiB) are kept by reference.
-	StateValues int `json:"state_values,omitempty"`
-	Kind        string `json:"kind"`          // noop (default), http (a local server) or model (replay)
+	StateValues int    `json:"state_values,omitempty"`
+	Kind        string `json:"kind"` // noop (default), http (a local server) or model (replay)
 	Workers     int    `json:"worker_concurrency"`
 	Sync        string `json:"sync"`          // always or interval (default)
 	Queues      string `json:"queue_storage"` // Waymark's work and inbox queues: file (default) or memory; the floor's stay on file
