@@ -166,6 +166,25 @@ func printView(w io.Writer, v *client.JobView) {
 	if v.BlockedReason != "" {
 		fmt.Fprintf(w, "blocked   %s\n", oneLine(v.BlockedReason, 300))
 	}
+	if v.ParentJob != "" {
+		fmt.Fprintf(w, "parent    %s (step %s)\n", v.ParentJob, v.ParentStep)
+	}
+	for _, c := range v.Children {
+		fmt.Fprintf(w, "child     %s\n", c)
+	}
+	if f := v.Fan; f != nil {
+		fmt.Fprintf(w, "%-9s %s: %d %s, %d completed, %d running (%d retrying), %d failed", f.Kind, f.Step, f.Total, map[string]string{"map": "items", "parallel": "branches"}[f.Kind], f.Completed, f.Running, f.Retrying, f.Failed)
+		if f.Pending > 0 {
+			fmt.Fprintf(w, ", %d pending", f.Pending)
+		}
+		if f.Cancelled > 0 {
+			fmt.Fprintf(w, ", %d cancelled", f.Cancelled)
+		}
+		if f.Blocked > 0 {
+			fmt.Fprintf(w, ", %d waiting for a person", f.Blocked)
+		}
+		fmt.Fprintln(w)
+	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "\nSTEP\tKIND\tSTATUS\tATTEMPTS\tLAST")
 	for _, s := range v.Steps {
