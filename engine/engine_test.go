@@ -721,7 +721,7 @@ steps:
 		t.Errorf("handle errors = %d: the oversized result was retried", got)
 	}
 
-	_, err := b.client.Start(context.Background(), def, json.RawMessage(`{"blob": "`+strings.Repeat("y", 70<<10)+`"}`), client.StartOptions{JobID: "huge"})
+	_, err := b.client.Start(context.Background(), def, paddedInput(70<<10), client.StartOptions{JobID: "huge"})
 	if !errors.Is(err, schemas.ErrTooLarge) {
 		t.Fatalf("start with a huge input: %v, want ErrTooLarge", err)
 	}

@@ -17,10 +17,25 @@ import (
 	"github.com/waymark-dev/waymark/schemas"
 )
 
-// paddedInput returns {"n": 1, "pad": "xxx…"} of exactly size bytes.
+// paddedInput returns {"n":1,"p0":"xxx…","p1":…} of exactly size bytes,
+// in members of at most 1,000 bytes: none is over a value threshold, so
+// the input stays in the checkpoint and meets its limits.
 func paddedInput(size int) json.RawMessage {
-	const frame = `{"n":1,"pad":""}`
-	return json.RawMessage(`{"n":1,"pad":"` + strings.Repeat("x", size-len(frame)) + `"}`)
+	b := []byte(`{"n":1`)
+	for i := 0; len(b)+1 < size; i++ {
+		frame := fmt.Sprintf(`,"p%d":""`, i)
+		n := min(1000-len(frame), size-1-len(b)-len(frame))
+		if n < 0 {
+			// Too little room for another member: pad the last one.
+			b = append(b[:len(b)-1], strings.Repeat("x", size-1-len(b)+1)...)
+			b = append(b, '"')
+			break
+		}
+		b = append(b, frame[:len(frame)-1]...)
+		b = append(b, strings.Repeat("x", n)...)
+		b = append(b, '"')
+	}
+	return json.RawMessage(append(b, '}'))
 }
 
 var fitsRE = regexp.MustCompile(`up to about (\d+) bytes fits`)
