@@ -22,6 +22,23 @@ import (
 // by one child job.
 func TestResearchExampleResumesAfterACrash(t *testing.T) {
 	t.Parallel()
+	for _, tc := range []struct{ name, failpoint string }{
+		// Items of the map are done, others in flight.
+		{"mid-map", "engine.after_checkpoint=crash@3"},
+		// The child job is started, the parent's message not yet
+		// acknowledged: the start is made again and attaches.
+		{"after starting the child", "engine.after_dispatch=crash/file"},
+		// The child's dispatch is recorded, the child not yet started.
+		{"before starting the child", "engine.after_checkpoint=crash/file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			researchCrash(t, tc.failpoint)
+		})
+	}
+}
+
+func researchCrash(t *testing.T, fp string) {
 	bin := testsupport.Binary(t, "engine")
 	root := testsupport.ModuleRoot()
 	dir := t.TempDir()
@@ -30,8 +47,7 @@ func TestResearchExampleResumesAfterACrash(t *testing.T) {
 		"--input", filepath.Join(root, "examples/research/input.json"),
 		"--job-id", "digest-1", "--data-dir", dir, "--sync", "always", "--output", "json"}
 	env := []string{"WAYMARK_MODEL_MODE=replay"}
-	// Die after the third checkpoint: items of the map are done, others in flight.
-	first := spawn(t, append(env, "WAYMARK_FAILPOINTS=engine.after_checkpoint=crash@3"), bin, args...)
+	first := spawn(t, append(env, "WAYMARK_FAILPOINTS="+fp), bin, args...)
 	first.waitKilled(t, 60*time.Second)
 
 	second := spawn(t, env, bin, args...)
@@ -74,8 +90,40 @@ func TestResearchExampleResumesAfterACrash(t *testing.T) {
 	if n := bytes.Count(tickets, []byte("\n")); n != 1 {
 		t.Errorf("tickets.jsonl holds %d tickets, want the report filed once", n)
 	}
-	// Without --child the child's workflow is unknown: refused at load,
-	// naming the file, line and path.
+	if ids := childIDs(t, dir); len(ids) != 1 {
+		t.Errorf("child jobs started: %v, want one", ids)
+	}
+}
+
+// childIDs lists the child jobs whose file-report tickets the demo ticket
+// service holds, by the idempotency keys of their requests.
+func childIDs(t *testing.T, dir string) []string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, "demo", "tickets", "tickets.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
+		var tk struct {
+			Key string `json:"idempotency_key"`
+		}
+		if json.Unmarshal(line, &tk) == nil && !seen[tk.Key] {
+			seen[tk.Key] = true
+			out = append(out, tk.Key)
+		}
+	}
+	return out
+}
+
+// TestResearchExampleNeedsItsChild: without --child the child's workflow
+// is unknown: refused at load, naming the file, line and path.
+func TestResearchExampleNeedsItsChild(t *testing.T) {
+	t.Parallel()
+	bin := testsupport.Binary(t, "engine")
+	root := testsupport.ModuleRoot()
+	env := []string{"WAYMARK_MODEL_MODE=replay"}
 	bad := spawn(t, env, bin, "run", filepath.Join(root, "examples/research/workflow.yaml"),
 		"--input", filepath.Join(root, "examples/research/input.json"), "--data-dir", t.TempDir())
 	<-bad.done
