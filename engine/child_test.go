@@ -150,3 +150,27 @@ func (b *bundle) storeDef(yaml string) *schemas.Definition {
 	}
 	return def
 }
+
+// TestChildJobAsAParallelBranch: a branch of a parallel step may be a
+// workflow step: the child runs beside the other branch and its final
+// state is the branch's output.
+func TestChildJobAsAParallelBranch(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	b.worker(echo)
+	b.storeDef(kidWorkflow)
+	def := b.define(`
+name: both
+version: 1
+steps:
+  - {id: fan, kind: parallel, branches: [kid, local]}
+  - {id: kid, kind: workflow, with: {workflow: kid, input: req}, save_as: kid}
+  - {id: local, kind: noop, save_as: local}
+`)
+	v := b.wait(b.start(def, `{"req": {"n": 3}}`, "both-1"))
+	st := decodeState(t, v.State)
+	kid, _ := st["kid"].(map[string]any)
+	if v.Status != schemas.JobCompleted || kid["n"] != float64(3) || st["local"] == nil {
+		t.Fatalf("status %s state %s", v.Status, v.State)
+	}
+}

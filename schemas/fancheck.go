@@ -66,6 +66,7 @@ func checkFans(d *Definition) []Problem {
 					add(bp, "branch %q is also reached from %s; a branch runs only from its parallel step", b, PointerToPath(from))
 				}
 				if bs.Kind == KindParallel || bs.ForEach != nil {
+					// (a workflow branch is fine: a child job runs the chain)
 					add(bp, "branch %q is itself a parallel or for_each step, which a branch cannot be", b)
 				}
 				if len(bs.Next) > 0 || bs.OnError != "" {
@@ -92,6 +93,9 @@ func checkFans(d *Definition) []Problem {
 			}
 		}
 		if f := s.ForEach; f != nil {
+			if s.Kind == KindWorkflow {
+				add(base+"/for_each", "a workflow step cannot be a map (one child job per item is not supported); map inside the child workflow instead")
+			}
 			if s.SaveAs == "" {
 				add(base+"/save_as", "a for_each step needs save_as: its outputs are gathered as a list there")
 			}

@@ -67,6 +67,11 @@ func TestParseRefusesBadFans(t *testing.T) {
 			at:   "- id: m", path: "/steps/0/save_as", msg: "a for_each step needs save_as",
 		},
 		{
+			name: "a map of child jobs",
+			src:  head + "  - id: m\n    kind: workflow\n    with: {workflow: other}\n    save_as: out\n    for_each: {items: docs}\n",
+			at:   "for_each:", path: "/steps/0/for_each", msg: "a workflow step cannot be a map",
+		},
+		{
 			name: "a map path that is not a path",
 			src:  head + "  - id: m\n    kind: noop\n    save_as: out\n    for_each: {items: \"docs[0]\"}\n",
 			at:   "items:", path: "/steps/0/for_each/items", msg: "",
