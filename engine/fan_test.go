@@ -426,9 +426,20 @@ steps:
 func TestMapOutputsLeaveTheCheckpoint(t *testing.T) {
 	t.Parallel()
 	var largest atomic.Int64
+	var mu sync.Mutex
+	chunks := map[string]schemas.FanChunk{}
+	owner := ""
 	b := setup(t, setupOptions{engine: Config{OnWrite: func(cp *schemas.Checkpoint) {
 		if n := int64(len(cp.AppendJSON(nil))); n > largest.Load() {
 			largest.Store(n)
+		}
+		if cp.Fan != nil {
+			mu.Lock()
+			for _, ch := range cp.Fan.Chunks {
+				chunks[ch.Digest] = ch
+			}
+			owner = cp.MsgPrefix()
+			mu.Unlock()
 		}
 	}}})
 	pad := strings.Repeat("x", 1000)
@@ -456,6 +467,20 @@ func TestMapOutputsLeaveTheCheckpoint(t *testing.T) {
 	if n := largest.Load(); n > 64<<10 {
 		t.Errorf("largest checkpoint written: %d bytes; want under 64 KiB", n)
 	}
+	// The finished map's chunks are deleted.
+	mu.Lock()
+	defer mu.Unlock()
+	if len(chunks) < 2 {
+		t.Fatalf("%d output chunks; 300 KiB of outputs should make many", len(chunks))
+	}
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		for _, ch := range chunks {
+			if _, err := b.store.Values.Get(context.Background(), owner, schemas.ValueRef{Digest: ch.Digest, Bytes: ch.Bytes}); !errors.Is(err, schemas.ErrValueMissing) {
+				return false
+			}
+		}
+		return true
+	}, "the finished map's output chunks were not deleted")
 }
 
 // TestLargeValuesByReference: a step output over the threshold is kept in
