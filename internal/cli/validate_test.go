@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -187,7 +188,8 @@ func TestInputsThatAreNotUnicodeAreRefused(t *testing.T) {
 	}
 }
 
-// TestStartRefusesAnInputThatCannotFit: a 900 KB input used to pass start
+// TestStartRefusesAnInputThatCannotFit: a 900 KB input (in members under
+// the value threshold, which stay in the checkpoint) used to pass start
 // (exit 0) and fail the job at once; start refuses it, exit 2, naming the
 // file and the sizes, and stores nothing.
 func TestStartRefusesAnInputThatCannotFit(t *testing.T) {
@@ -195,7 +197,16 @@ func TestStartRefusesAnInputThatCannotFit(t *testing.T) {
 	srv := testsupport.StartServer(t, testsupport.ServerOptions{TCP: true})
 	wf := writeWorkflow(t, "name: big\nversion: 1\nsteps:\n  - id: a\n    kind: noop\n")
 	input := filepath.Join(t.TempDir(), "big.json")
-	if err := os.WriteFile(input, []byte(`{"pad":"`+strings.Repeat("x", 900_000-10)+`"}`), 0o600); err != nil {
+	var in strings.Builder
+	in.WriteString(`{"p0":"` + strings.Repeat("x", 991) + `"`)
+	for i := 1; i < 900; i++ {
+		fmt.Fprintf(&in, `,"p%03d":"%s"`, i, strings.Repeat("x", 1000-10))
+	}
+	in.WriteString("}")
+	if in.Len() != 900_000 {
+		t.Fatalf("test bug: input of %d bytes", in.Len())
+	}
+	if err := os.WriteFile(input, []byte(in.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	_, errOut, code := execute(t, "start", wf, "--input", input, "--job-id", "big-1", "--nats-url", srv.URL())
