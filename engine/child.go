@@ -144,8 +144,7 @@ func (e *Engine) sendResult(ctx context.Context, res *schemas.StepResult, msgID 
 // checkChild is the reconciler's look at a parent waiting on a child: a
 // child that does not exist is started, one that ended has its end sent
 // again (harmless when it was applied: the dedup id, then staleness).
-func (e *Engine) checkChild(ctx context.Context, cp *schemas.Checkpoint, now time.Time) error {
-	d := cp.Current
+func (e *Engine) checkChild(ctx context.Context, cp *schemas.Checkpoint, d *schemas.Dispatch, now time.Time) error {
 	if now.Sub(d.DispatchedAt) < 2*PublishGrace {
 		return nil // its engine may be starting it right now
 	}

@@ -174,3 +174,33 @@ steps:
 		t.Fatalf("status %s state %s", v.Status, v.State)
 	}
 }
+
+// TestReconcilerStartsALostBranchChild: the child job of a parallel branch
+// whose start was lost is started by the reconciler, and the join
+// completes.
+func TestReconcilerStartsALostBranchChild(t *testing.T) {
+	t.Parallel()
+	var offset atomic.Int64
+	b := setup(t, setupOptions{engine: Config{Now: func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }}})
+	var dropped atomic.Int64
+	b.engine.dropChildStart = func(string) bool { return dropped.Add(1) == 1 }
+	b.worker(echo)
+	b.storeDef(kidWorkflow)
+	def := b.define(`
+name: both
+version: 1
+steps:
+  - {id: fan, kind: parallel, branches: [kid, local]}
+  - {id: kid, kind: workflow, with: {workflow: kid, input: req}, save_as: kid}
+  - {id: local, kind: noop, save_as: local}
+`)
+	id := b.start(def, `{"req": {"n": 4}}`, "both-lost")
+	testsupport.Eventually(t, 10*time.Second, func() bool { return dropped.Load() == 1 }, "the child start was never reached")
+	offset.Store(int64(time.Minute))
+	if err := b.engine.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if v := b.wait(id); v.Status != schemas.JobCompleted || b.engine.Stats().ChildrenStarted != 1 {
+		t.Fatalf("status %s, children started %d", v.Status, b.engine.Stats().ChildrenStarted)
+	}
+}

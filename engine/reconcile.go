@@ -156,11 +156,21 @@ func (e *Engine) reconcileJob(ctx context.Context, ie kv.IndexEntry, now time.Ti
 		}
 	case schemas.JobRunning:
 		age = now.Sub(cp.UpdatedAt)
+		if cp.Fan != nil {
+			// A parallel step's branches that are child jobs.
+			for _, d := range cp.Fan.Running {
+				if d.Child != "" {
+					if err := e.checkChild(ctx, cp, d, now); err != nil {
+						return age, false, err
+					}
+				}
+			}
+		}
 		if cp.Current == nil {
 			return age, false, nil
 		}
 		if cp.Current.Child != "" {
-			return age, false, e.checkChild(ctx, cp, now)
+			return age, false, e.checkChild(ctx, cp, cp.Current, now)
 		}
 		waiting, err = e.checkOverdue(ctx, ent, now)
 		return age, waiting, err
