@@ -32,6 +32,33 @@ type httpWith struct {
 	Headers map[string]string `json:"headers,omitempty"`
 	Body    json.RawMessage   `json:"body,omitempty"`
 	Lookup  *httpLookup       `json:"lookup,omitempty"`
+	// Response is how the body becomes the output: ResponseAuto (default),
+	// ResponseJSON or ResponseText.
+	Response string `json:"response,omitempty"`
+}
+
+// Response modes of an http step.
+const (
+	ResponseAuto = "auto" // JSON when the body is JSON, else text (TextOutput)
+	ResponseJSON = "json" // JSON, or the step fails
+	ResponseText = "text" // always text
+)
+
+// saysJSON reports whether a Content-Type names JSON (application/json,
+// or a +json type such as application/problem+json).
+func saysJSON(ctype string) bool {
+	mt, _, _ := strings.Cut(strings.ToLower(ctype), ";")
+	mt = strings.TrimSpace(mt)
+	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+}
+
+// TextOutput is the output of an http step whose response is text (HTML,
+// plain text, XML): the body as a string, with its content type and
+// length in bytes.
+type TextOutput struct {
+	ContentType string `json:"content_type"`
+	Text        string `json:"text"`
+	Bytes       int    `json:"bytes"`
 }
 
 // httpLookup asks the provider whether the action with the call's
@@ -50,6 +77,7 @@ type httpRunner struct {
 	lookupMethod string
 	lookupURL    *stepTemplate
 	env          *Env
+	response     string
 }
 
 // credentialHeaderNames are headers that carry credentials by their name;
@@ -81,7 +109,14 @@ func (httpKind) Prepare(p *Prep) (Runner, error) {
 	if err := p.Decode(&w); err != nil {
 		return nil, err
 	}
-	r := &httpRunner{method: w.Method, env: p.Env, headers: map[string]*stepTemplate{}, credential: map[string]bool{}}
+	r := &httpRunner{method: w.Method, env: p.Env, headers: map[string]*stepTemplate{}, credential: map[string]bool{}, response: w.Response}
+	switch r.response {
+	case "":
+		r.response = ResponseAuto
+	case ResponseAuto, ResponseJSON, ResponseText:
+	default:
+		return nil, fmt.Errorf("steps[%d] (%s).with.response %q: want auto, json or text", p.Index, p.Step.ID, w.Response)
+	}
 	var err error
 	if r.body, err = compileBody(p.Step.ID, w.Body, p.Env); err != nil {
 		return nil, err
@@ -146,7 +181,7 @@ func (r *httpRunner) lookup(ctx context.Context, c *Call) (bool, any, error) {
 	}
 	// The step's headers go on the lookup too: it asks the same provider,
 	// with the same credentials.
-	status, raw, err := r.do(ctx, c, r.lookupMethod, url, nil, data)
+	status, raw, _, err := r.do(ctx, c, r.lookupMethod, url, nil, data)
 	if err != nil {
 		return false, nil, err
 	}
@@ -193,7 +228,7 @@ func (r *httpRunner) run(ctx context.Context, c *Call) (any, error) {
 		}
 		body = bytes.NewReader(b)
 	}
-	status, raw, err := r.do(ctx, c, r.method, url, body, data)
+	status, raw, ctype, err := r.do(ctx, c, r.method, url, body, data)
 	if err != nil {
 		return nil, err
 	}
@@ -207,13 +242,21 @@ func (r *httpRunner) run(ctx context.Context, c *Call) (any, error) {
 		}
 		return nil, e
 	}
-	if len(bytes.TrimSpace(raw)) == 0 {
-		return json.RawMessage("{}"), nil
+	if r.response != ResponseText {
+		if len(bytes.TrimSpace(raw)) == 0 {
+			return json.RawMessage("{}"), nil
+		}
+		if json.Valid(raw) {
+			return json.RawMessage(raw), nil
+		}
+		if r.response == ResponseJSON || saysJSON(ctype) {
+			return nil, NonRetryable(schemas.Errorf(schemas.CodeOutputInvalid, "%s %s: response is not JSON: %s", r.method, redactURL(url), r.excerpt(c, raw, 200)))
+		}
 	}
-	if !json.Valid(raw) {
-		return nil, NonRetryable(schemas.Errorf(schemas.CodeOutputInvalid, "%s %s: response is not JSON: %s", r.method, redactURL(url), r.excerpt(c, raw, 200)))
+	if !utf8.Valid(raw) {
+		return nil, NonRetryable(schemas.Errorf(schemas.CodeOutputInvalid, "%s %s: the %d-byte response (%s) is neither JSON nor UTF-8 text", r.method, redactURL(url), len(raw), ctype))
 	}
-	return json.RawMessage(raw), nil
+	return TextOutput{ContentType: ctype, Text: string(raw), Bytes: len(raw)}, nil
 }
 
 // excerpt returns the first n bytes of a response body for an error
@@ -242,10 +285,10 @@ func (r *httpRunner) excerpt(c *Call, raw []byte, n int) string {
 // do sends one request with the call's Idempotency-Key and returns the
 // status and body. A transport error leaves the outcome unknown; an error
 // before the request is sent is marked not performed.
-func (r *httpRunner) do(ctx context.Context, c *Call, method, url string, body io.Reader, data map[string]any) (int, []byte, error) {
+func (r *httpRunner) do(ctx context.Context, c *Call, method, url string, body io.Reader, data map[string]any) (int, []byte, string, error) {
 	req, err := http.NewRequestWithContext(ctx, method, url, body)
 	if err != nil {
-		return 0, nil, NotPerformed(NonRetryable(fmt.Errorf("build request %s %s: %w", method, redactURL(url), withoutURL(err))))
+		return 0, nil, "", NotPerformed(NonRetryable(fmt.Errorf("build request %s %s: %w", method, redactURL(url), withoutURL(err))))
 	}
 	if body != nil {
 		// Make the request non-replayable: net/http's Transport resends a
@@ -258,12 +301,16 @@ func (r *httpRunner) do(ctx context.Context, c *Call, method, url string, body i
 		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("Idempotency-Key", c.IdempotencyKey)
-	req.Header.Set("Accept", "application/json")
+	if r.response == ResponseJSON {
+		req.Header.Set("Accept", "application/json")
+	} else {
+		req.Header.Set("Accept", "application/json, text/*;q=0.9, */*;q=0.1")
+	}
 	if data != nil {
 		for k, t := range r.headers {
 			v, err := t.execute(c, r.env, data)
 			if err != nil {
-				return 0, nil, NotPerformed(NonRetryable(err))
+				return 0, nil, "", NotPerformed(NonRetryable(err))
 			}
 			if r.credential[k] {
 				c.scrubber().addCredential(v)
@@ -275,17 +322,17 @@ func (r *httpRunner) do(ctx context.Context, c *Call, method, url string, body i
 	if err != nil {
 		// The request may have reached the server and been acted on; the
 		// idempotency key makes asking again safe.
-		return 0, nil, &schemas.Error{Code: schemas.CodeProvider, Retryable: true, Message: fmt.Sprintf("%s %s: %v", method, redactURL(url), withoutURL(err))}
+		return 0, nil, "", &schemas.Error{Code: schemas.CodeProvider, Retryable: true, Message: fmt.Sprintf("%s %s: %v", method, redactURL(url), withoutURL(err))}
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, MaxHTTPResponseBytes+1))
 	if err != nil {
-		return 0, nil, &schemas.Error{Code: schemas.CodeProvider, Retryable: true, Message: fmt.Sprintf("%s %s: read response: %v", method, redactURL(url), err)}
+		return 0, nil, "", &schemas.Error{Code: schemas.CodeProvider, Retryable: true, Message: fmt.Sprintf("%s %s: read response: %v", method, redactURL(url), err)}
 	}
 	if len(raw) > MaxHTTPResponseBytes {
-		return 0, nil, NonRetryable(schemas.Errorf(schemas.CodeTooLarge, "%s %s: response over %d bytes", method, redactURL(url), MaxHTTPResponseBytes))
+		return 0, nil, "", NonRetryable(schemas.Errorf(schemas.CodeTooLarge, "%s %s: response over %d bytes", method, redactURL(url), MaxHTTPResponseBytes))
 	}
-	return resp.StatusCode, raw, nil
+	return resp.StatusCode, raw, resp.Header.Get("Content-Type"), nil
 }
 
 // retryableStatus: timeouts, conflicts (a request with the same key still

@@ -484,3 +484,53 @@ func TestHTTPURLDotSegmentsRefused(t *testing.T) {
 		t.Errorf("dots inside segments or in the query refused: %v", err)
 	}
 }
+
+// TestHTTPTextResponses: a text or HTML response becomes {"content_type",
+// "text", "bytes"} (response auto, the default, and text); response json
+// refuses it; a body that is neither JSON nor UTF-8 fails the step; a body
+// that says it is JSON and is not fails it too.
+func TestHTTPTextResponses(t *testing.T) {
+	t.Parallel()
+	reply := func(ctype, body string) func(int, http.ResponseWriter, *http.Request) {
+		return func(_ int, w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", ctype)
+			_, _ = io.WriteString(w, body)
+		}
+	}
+	for _, tc := range []struct {
+		name, response, ctype, body, want, wantErr string
+	}{
+		{"html, auto", "", "text/html; charset=utf-8", "<p>hello</p>", `{"content_type":"text/html; charset=utf-8","text":"\u003cp\u003ehello\u003c/p\u003e","bytes":12}`, ""},
+		{"json, text", "text", "application/json", `{"a": 1}`, `{"content_type":"application/json","text":"{\"a\": 1}","bytes":8}`, ""},
+		{"html, json", "json", "text/html", "<p>hello</p>", "", "response is not JSON"},
+		{"binary", "", "application/octet-stream", "\xff\xfe\x00", "", "neither JSON nor UTF-8 text"},
+		{"says json", "", "application/problem+json", "oops", "", "response is not JSON"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setupHTTP(t, reply(tc.ctype, tc.body))
+			wf := "name: txt\nversion: 1\nsteps:\n  - id: get\n    kind: http\n    with: {method: GET, url: '{{service \"tickets\"}}/page'"
+			if tc.response != "" {
+				wf += ", response: " + tc.response
+			}
+			wf += "}\n"
+			def := parseDef(t, wf)
+			out, err := mustPrepare(t, def, "get", b.env).Run(t.Context(), newCall(def, "get", `{}`))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := json.Marshal(out); string(got) != tc.want {
+				t.Errorf("output %s, want %s", got, tc.want)
+			}
+			if h := b.requests()[0].Header.Get("Accept"); tc.response == "" && !strings.Contains(h, "text/*") {
+				t.Errorf("Accept %q; auto should take text too", h)
+			}
+		})
+	}
+}
