@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/waymark-dev/waymark/engine/client"
+	"github.com/waymark-dev/waymark/internal/crashtest"
+	"github.com/waymark-dev/waymark/internal/failpoint"
 	"github.com/waymark-dev/waymark/internal/testsupport"
 	"github.com/waymark-dev/waymark/schemas"
 )
@@ -134,5 +137,37 @@ func TestResearchExampleNeedsItsChild(t *testing.T) {
 	}
 	if msg := bad.errOut.String(); code != 2 || !strings.Contains(msg, `workflow.yaml:`) || !strings.Contains(msg, `steps[4].with.workflow: workflow "file-report" is not stored, and no --child file defines it`) {
 		t.Errorf("run without --child: exit %d\n%s", code, msg)
+	}
+}
+
+// TestCrashtestRunsTheResearchExample: engine crashtest takes child
+// workflows (--child, Config.Children): crashing the engine around the map
+// and the child job's start, every case completes with the ticket filed
+// once.
+func TestCrashtestRunsTheResearchExample(t *testing.T) {
+	t.Parallel()
+	root := testsupport.ModuleRoot()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := crashtest.Run(ctx, crashtest.Config{
+		Binary:   testsupport.Binary(t, "engine"),
+		Workflow: filepath.Join(root, "examples/research/workflow.yaml"),
+		Children: []string{filepath.Join(root, "examples/research/file-report.yaml")},
+		Input:    filepath.Join(root, "examples/research/input.json"),
+		Points:   []string{failpoint.EngineAfterCheckpoint, failpoint.EngineAfterDispatch, crashtest.SlowProvider},
+		Steps:    []string{"summarise", "file"},
+		Timeout:  40 * time.Second,
+		Dir:      t.TempDir(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range rep.Points {
+		for _, problem := range p.Problems() {
+			t.Errorf("%s at %s: %s", p.Failpoint, p.Step, problem)
+		}
+		if p.FinalStatus != string(schemas.JobCompleted) {
+			t.Errorf("%s at %s: final status %q, want completed", p.Failpoint, p.Step, p.FinalStatus)
+		}
 	}
 }

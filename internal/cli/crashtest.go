@@ -16,6 +16,7 @@ import (
 
 func newCrashtestCmd(g *globals) *cobra.Command {
 	var input, points, stepList, output string
+	var children []string
 	var parallel int
 	var timeout time.Duration
 	var services []string
@@ -49,7 +50,7 @@ WAYMARK_WORK_MAX_DELIVER=3).`,
 			if err != nil {
 				return fmt.Errorf("crashtest: find this binary: %w", err)
 			}
-			cfg := crashtest.Config{Binary: bin, Workflow: args[0], Input: input, Parallel: parallel, Timeout: timeout, Logger: log}
+			cfg := crashtest.Config{Binary: bin, Workflow: args[0], Input: input, Parallel: parallel, Timeout: timeout, Logger: log, Children: children}
 			if points != "" && points != "all" {
 				cfg.Points = strings.Split(points, ",")
 			}
@@ -87,6 +88,7 @@ WAYMARK_WORK_MAX_DELIVER=3).`,
 	f.DurationVar(&timeout, "timeout", 90*time.Second, "time allowed for one case")
 	f.StringArrayVar(&services, "service", nil, "name=URL of a service that is not bundled (repeatable)")
 	f.StringVarP(&output, "output", "o", "text", "text or json")
+	f.StringArrayVar(&children, "child", nil, "a workflow file that workflow steps start as child jobs (repeatable)")
 	return cmd
 }
 

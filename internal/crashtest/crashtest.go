@@ -70,6 +70,9 @@ type Config struct {
 	// Services maps service names the workflow uses to URLs, for services
 	// that are not bundled (calls to them are not counted).
 	Services map[string]string
+	// Children are workflow files the workflow's workflow steps start as
+	// child jobs; each case stores them before it starts the job.
+	Children []string
 	// Logger receives progress; nil discards it.
 	Logger *slog.Logger
 }
@@ -150,6 +153,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	var children []*schemas.Definition
+	for _, path := range cfg.Children {
+		cd, err := schemas.Load(path, schemas.LoadOptions{Checks: []schemas.CheckFunc{engine.Check, steps.Builtins().Check(env, schemas.KindParallel)}})
+		if err != nil {
+			return nil, err
+		}
+		children = append(children, cd)
+	}
 	input := json.RawMessage("{}")
 	if cfg.Input != "" {
 		if input, err = os.ReadFile(cfg.Input); err != nil {
@@ -196,7 +207,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			start := time.Now()
 			cctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 			defer cancel()
-			if err := runCase(cctx, cfg, def, input, filepath.Join(dir, fmt.Sprintf("case-%02d", i)), c); err != nil {
+			if err := runCase(cctx, cfg, def, children, input, filepath.Join(dir, fmt.Sprintf("case-%02d", i)), c); err != nil {
 				c.Error = err.Error()
 			}
 			c.Seconds = time.Since(start).Seconds()
@@ -254,7 +265,7 @@ var caseEnv = []string{
 
 var caseKV = kv.Config{InboxAckWait: time.Second, WorkAckWait: time.Second}
 
-func runCase(ctx context.Context, cfg Config, def *schemas.Definition, input json.RawMessage, dir string, c *Point) error {
+func runCase(ctx context.Context, cfg Config, def *schemas.Definition, children []*schemas.Definition, input json.RawMessage, dir string, c *Point) error {
 	env := caseEnv
 	var delayed string // the bundled provider that answers late
 	switch c.Failpoint {
@@ -288,7 +299,11 @@ func runCase(ctx context.Context, cfg Config, def *schemas.Definition, input jso
 		services[k] = v
 	}
 	for _, name := range demo.Names() {
-		if _, given := services[name]; given || !refersTo(def, name) {
+		used := refersTo(def, name)
+		for _, cd := range children {
+			used = used || refersTo(cd, name)
+		}
+		if _, given := services[name]; given || !used {
 			continue
 		}
 		opts := demo.Options{Dir: filepath.Join(dir, "demo", name)}
@@ -339,6 +354,11 @@ func runCase(ctx context.Context, cfg Config, def *schemas.Definition, input jso
 		victim, restart = eng, func() *proc { return spawn(cfg.Binary, engineArgs, "", env) }
 	}
 
+	for _, cd := range children {
+		if err := store.Definitions.Put(ctx, cd); err != nil {
+			return fmt.Errorf("crashtest: store child workflow %s: %w", cd.Name, err)
+		}
+	}
 	cl := client.New(store)
 	const job = "crashtest"
 	if _, err := cl.Start(ctx, def, input, client.StartOptions{JobID: job}); err != nil {
@@ -615,7 +635,9 @@ func withShortTimeout(def *schemas.Definition, step string) (*schemas.Definition
 	if err != nil {
 		return nil, fmt.Errorf("crashtest: %w", err)
 	}
-	return schemas.Parse(def.Name+" (slow-provider).json", data, schemas.LoadOptions{NoAssetFiles: true})
+	// The canonical form has its assets embedded: decoded, not parsed as a
+	// file (which names assets by path).
+	return schemas.DecodeDefinition(data)
 }
 
 // proc is a child process.
