@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
+	anthropicparam "github.com/anthropics/anthropic-sdk-go/v2/packages/param"
 )
 
 type anthropicProvider struct {
@@ -20,8 +22,20 @@ type anthropicProvider struct {
 // (POST /v1/messages, https://docs.anthropic.com/en/api/messages) through
 // the official Go SDK, without streaming and without retries.
 //
-// The request is one user turn, with System as the system prompt when it
-// is not empty; the reply's text is the concatenation of its text blocks.
+// The request is one user turn (Prompt) or the conversation (Messages,
+// as text, tool_use and tool_result blocks), with System as the system
+// prompt when it is not empty and Tools as client tools (name,
+// description, input_schema sent as given; no schema means an object
+// without properties). A conversation, or a request with tools, marks its
+// stable prefix for prompt caching
+// (https://docs.anthropic.com/en/docs/build-with-claude/prompt-caching):
+// cache_control {"type": "ephemeral"} (5 minutes) on the system block and
+// on the last tool definition; a single prompt without tools is sent
+// without, as a one-off call gains nothing from a cache write. The reply's
+// text is the concatenation of its text blocks, its tool_use blocks are
+// Reply.ToolCalls in order, and the usage carries
+// cache_read_input_tokens and cache_creation_input_tokens. A reply with
+// neither text nor tool calls is the retryable empty-reply *Error.
 // Request.Temperature is not sent: API version 2026-10-21, which this SDK
 // speaks, rejects every sampling parameter with 400.
 //
@@ -68,10 +82,14 @@ func (p *anthropicProvider) Complete(ctx context.Context, req Request) (Reply, e
 	params := anthropic.MessageNewParams{
 		Model:     req.Model,
 		MaxTokens: maxTokens,
-		Messages:  []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock(req.Prompt))},
+		Messages:  anthropicMessages(req),
+		Tools:     anthropicTools(req.Tools),
 	}
 	if req.System != "" {
 		params.System = []anthropic.TextBlockParam{{Text: req.System}}
+		if conversational(req) {
+			params.System[0].CacheControl = anthropic.NewCacheControlEphemeralParam()
+		}
 	}
 	var res *http.Response
 	msg, err := p.client.Messages.New(ctx, params, option.WithResponseInto(&res))
@@ -80,20 +98,102 @@ func (p *anthropicProvider) Complete(ctx context.Context, req Request) (Reply, e
 	}
 
 	var text strings.Builder
+	var calls []ToolCall
 	for _, block := range msg.Content {
-		if block.Type == "text" {
+		switch block.Type {
+		case "text":
 			text.WriteString(block.Text)
+		case "tool_use":
+			calls = append(calls, ToolCall{ID: block.ID, Name: block.Name, Input: toolInput(slices.Clone(block.Input))})
 		}
 	}
-	if text.Len() == 0 {
+	if text.Len() == 0 && len(calls) == 0 {
 		return Reply{}, emptyReply(Anthropic, string(msg.StopReason), "")
 	}
 	return Reply{
 		Text:       text.String(),
+		ToolCalls:  calls,
 		Model:      msg.Model,
 		StopReason: string(msg.StopReason),
-		Usage:      Usage{InputTokens: msg.Usage.InputTokens, OutputTokens: msg.Usage.OutputTokens},
+		Usage: Usage{
+			InputTokens:      msg.Usage.InputTokens,
+			OutputTokens:     msg.Usage.OutputTokens,
+			CacheReadTokens:  msg.Usage.CacheReadInputTokens,
+			CacheWriteTokens: msg.Usage.CacheCreationInputTokens,
+		},
 	}, nil
+}
+
+// conversational reports whether req is a conversation or declares
+// tools: the calls an agent loop repeats with a growing conversation over
+// the same system prompt and tools, which is what prompt caching pays for.
+func conversational(req Request) bool {
+	return len(req.Messages) > 0 || len(req.Tools) > 0
+}
+
+// anthropicMessages maps req's prompt or conversation to message params.
+// checkRequest has validated the blocks.
+func anthropicMessages(req Request) []anthropic.MessageParam {
+	if len(req.Messages) == 0 {
+		return []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock(req.Prompt))}
+	}
+	out := make([]anthropic.MessageParam, 0, len(req.Messages))
+	for _, m := range req.Messages {
+		blocks := make([]anthropic.ContentBlockParamUnion, 0, len(m.Content))
+		for _, b := range m.Content {
+			switch b.Type {
+			case BlockText:
+				blocks = append(blocks, anthropic.NewTextBlock(b.Text))
+			case BlockToolUse:
+				blocks = append(blocks, anthropic.ContentBlockParamUnion{OfToolUse: &anthropic.ToolUseBlockParam{
+					ID: b.ToolUseID, Name: b.Name, Input: toolInput(b.Input),
+				}})
+			case BlockToolResult:
+				result := &anthropic.ToolResultBlockParam{ToolUseID: b.ToolUseID}
+				if b.Content != "" {
+					// The API refuses empty text blocks; an empty result has no content.
+					result.Content = []anthropic.ToolResultBlockParamContentUnion{{OfText: &anthropic.TextBlockParam{Text: b.Content}}}
+				}
+				if b.IsError {
+					result.IsError = anthropic.Bool(true)
+				}
+				blocks = append(blocks, anthropic.ContentBlockParamUnion{OfToolResult: result})
+			}
+		}
+		if m.Role == RoleAssistant {
+			out = append(out, anthropic.NewAssistantMessage(blocks...))
+		} else {
+			out = append(out, anthropic.NewUserMessage(blocks...))
+		}
+	}
+	return out
+}
+
+// anthropicTools maps tools to client tool params, with a cache
+// breakpoint on the last one so the tool definitions are cached.
+func anthropicTools(tools []Tool) []anthropic.ToolUnionParam {
+	if len(tools) == 0 {
+		return nil
+	}
+	out := make([]anthropic.ToolUnionParam, len(tools))
+	for i, tool := range tools {
+		param := &anthropic.ToolParam{Name: tool.Name}
+		if len(tool.InputSchema) > 0 {
+			// Sent as given: the SDK's schema struct would drop keywords
+			// it does not model.
+			param.InputSchema = anthropicparam.Override[anthropic.ToolInputSchemaParam](tool.InputSchema)
+		} else {
+			param.InputSchema = anthropic.ToolInputSchemaParam{Properties: map[string]any{}}
+		}
+		if tool.Description != "" {
+			param.Description = anthropic.String(tool.Description)
+		}
+		if i == len(tools)-1 {
+			param.CacheControl = anthropic.NewCacheControlEphemeralParam()
+		}
+		out[i] = anthropic.ToolUnionParam{OfTool: param}
+	}
+	return out
 }
 
 func (p *anthropicProvider) classify(ctx context.Context, err error, res *http.Response) *Error {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -73,7 +74,7 @@ func TestLiveComplete(t *testing.T) {
 					t.Fatalf("Complete: %v", err)
 				}
 				want := providers.Reply{Text: "positive", Model: tt.req.Model, StopReason: l.stopReason, Usage: providers.Usage{InputTokens: 17, OutputTokens: 2}}
-				if got != want {
+				if !reflect.DeepEqual(got, want) {
 					t.Errorf("reply = %+v, want %+v", got, want)
 				}
 

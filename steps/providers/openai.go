@@ -1,13 +1,18 @@
 package providers
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
+	"strings"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/shared"
 )
 
 // openAIPublicURL is the base URL of OpenAI's own API.
@@ -30,7 +35,25 @@ type openAIProvider struct {
 // (http://localhost:11434/v1), vLLM and llama.cpp (http://host:8000/v1).
 //
 // The request is a system message when System is not empty, then one
-// user message; the reply's text is the first choice's message content.
+// user message (Prompt) or the conversation (Messages): a user message's
+// text blocks become a user message and its tool_result blocks tool-role
+// messages (tool_call_id, content), placed before the text, as the tool
+// messages must follow the assistant message with the calls; a
+// tool_result with IsError has its content prefixed with "Error: ", as
+// chat completions have no error flag. An assistant message's tool_use
+// blocks become its tool_calls (type function, arguments the Input's
+// JSON text). Tools are function tools whose parameters are the input
+// schema (https://platform.openai.com/docs/guides/function-calling).
+//
+// The reply's text is the first choice's message content and its
+// tool_calls are Reply.ToolCalls in order, the arguments string parsed as
+// JSON. Arguments that are not valid JSON (models do produce them) are
+// returned as a JSON string value holding the arguments as given, not as
+// an error, so the caller can answer the call with an error result and
+// let the model try again; sent back in a later assistant message, such a
+// string is sent as the arguments it holds. Empty arguments are {}. Usage
+// carries prompt_tokens_details.cached_tokens as CacheReadTokens. A reply
+// with neither text nor tool calls is the retryable empty-reply *Error.
 // The reply cap goes out as max_completion_tokens to api.openai.com and as
 // max_tokens elsewhere. Temperature is sent when not nil.
 //
@@ -78,7 +101,14 @@ func (p *openAIProvider) Complete(ctx context.Context, req Request) (Reply, erro
 	if req.System != "" {
 		params.Messages = append(params.Messages, openai.SystemMessage(req.System))
 	}
-	params.Messages = append(params.Messages, openai.UserMessage(req.Prompt))
+	if len(req.Messages) == 0 {
+		params.Messages = append(params.Messages, openai.UserMessage(req.Prompt))
+	} else {
+		params.Messages = append(params.Messages, openAIMessages(req.Messages)...)
+	}
+	if params.Tools, err = openAITools(req.Tools); err != nil {
+		return Reply{}, nonRetryable(OpenAI, err, "request for step %q: %v", req.Step, err)
+	}
 	if p.public {
 		params.MaxCompletionTokens = openai.Int(maxTokens)
 	} else {
@@ -97,15 +127,149 @@ func (p *openAIProvider) Complete(ctx context.Context, req Request) (Reply, erro
 		return Reply{}, emptyReply(OpenAI, "", "")
 	}
 	choice := completion.Choices[0]
-	if choice.Message.Content == "" {
+	calls := openAIToolCalls(choice.Message.ToolCalls)
+	if choice.Message.Content == "" && len(calls) == 0 {
 		return Reply{}, emptyReply(OpenAI, choice.FinishReason, choice.Message.Refusal)
 	}
+	details := completion.Usage.PromptTokensDetails
 	return Reply{
 		Text:       choice.Message.Content,
+		ToolCalls:  calls,
 		Model:      completion.Model,
 		StopReason: choice.FinishReason,
-		Usage:      Usage{InputTokens: completion.Usage.PromptTokens, OutputTokens: completion.Usage.CompletionTokens},
+		Usage: Usage{
+			InputTokens:      completion.Usage.PromptTokens,
+			OutputTokens:     completion.Usage.CompletionTokens,
+			CacheReadTokens:  details.CachedTokens,
+			CacheWriteTokens: details.CacheWriteTokens,
+		},
 	}, nil
+}
+
+// toolErrorPrefix starts the content of a tool message answering a
+// tool_result with IsError: chat completions have no error flag.
+const toolErrorPrefix = "Error: "
+
+// openAIMessages maps a conversation to chat messages. checkRequest has
+// validated the blocks.
+func openAIMessages(msgs []Message) []openai.ChatCompletionMessageParamUnion {
+	var out []openai.ChatCompletionMessageParamUnion
+	for _, m := range msgs {
+		var texts []string
+		var calls []openai.ChatCompletionMessageToolCallUnionParam
+		for _, b := range m.Content {
+			switch b.Type {
+			case BlockText:
+				texts = append(texts, b.Text)
+			case BlockToolUse:
+				calls = append(calls, openai.ChatCompletionMessageToolCallUnionParam{OfFunction: &openai.ChatCompletionMessageFunctionToolCallParam{
+					ID:       b.ToolUseID,
+					Function: openai.ChatCompletionMessageFunctionToolCallFunctionParam{Name: b.Name, Arguments: openAIArguments(b.Input)},
+				}})
+			case BlockToolResult:
+				// Tool messages must come right after the assistant
+				// message with the calls, so they precede the user's text.
+				content := b.Content
+				if b.IsError {
+					content = toolErrorPrefix + content
+				}
+				out = append(out, openai.ToolMessage(content, b.ToolUseID))
+			}
+		}
+		switch {
+		case m.Role == RoleAssistant:
+			msg := openai.ChatCompletionAssistantMessageParam{ToolCalls: calls}
+			switch len(texts) {
+			case 0:
+			case 1:
+				msg.Content.OfString = openai.String(texts[0])
+			default:
+				for _, t := range texts {
+					msg.Content.OfArrayOfContentParts = append(msg.Content.OfArrayOfContentParts,
+						openai.ChatCompletionAssistantMessageParamContentArrayOfContentPartUnion{OfText: &openai.ChatCompletionContentPartTextParam{Text: t}})
+				}
+			}
+			out = append(out, openai.ChatCompletionMessageParamUnion{OfAssistant: &msg})
+		case len(texts) == 1:
+			out = append(out, openai.UserMessage(texts[0]))
+		case len(texts) > 1:
+			parts := make([]openai.ChatCompletionContentPartUnionParam, len(texts))
+			for i, t := range texts {
+				parts[i] = openai.TextContentPart(t)
+			}
+			out = append(out, openai.UserMessage(parts))
+		}
+	}
+	return out
+}
+
+// openAIArguments returns a tool call's input as the arguments string the
+// model sent: a JSON string value (malformed arguments kept by
+// openAIToolCalls) gives back its contents, anything else is the JSON
+// itself.
+func openAIArguments(input json.RawMessage) string {
+	input = toolInput(input)
+	var s string
+	if json.Unmarshal(input, &s) == nil {
+		return s
+	}
+	return string(input)
+}
+
+// openAITools maps tools to function tools; the input schema is sent as
+// the function's parameters.
+func openAITools(tools []Tool) ([]openai.ChatCompletionToolUnionParam, error) {
+	if len(tools) == 0 {
+		return nil, nil
+	}
+	out := make([]openai.ChatCompletionToolUnionParam, len(tools))
+	for i, tool := range tools {
+		fn := shared.FunctionDefinitionParam{Name: tool.Name}
+		if tool.Description != "" {
+			fn.Description = openai.String(tool.Description)
+		}
+		if len(tool.InputSchema) > 0 {
+			dec := json.NewDecoder(bytes.NewReader(tool.InputSchema))
+			dec.UseNumber() // keep the schema's numbers as written
+			if err := dec.Decode(&fn.Parameters); err != nil {
+				return nil, fmt.Errorf("tools[%d] (%q): input schema: %w", i, tool.Name, err)
+			}
+		}
+		out[i] = openai.ChatCompletionFunctionTool(fn)
+	}
+	return out, nil
+}
+
+// openAIToolCalls maps a reply's tool calls to ToolCalls. Arguments that
+// are not valid JSON are kept as a JSON string value, empty arguments are
+// {}, and a call without an id (some compatible servers send none) is
+// given "call_<index>" so its result can name it.
+func openAIToolCalls(in []openai.ChatCompletionMessageToolCallUnion) []ToolCall {
+	if len(in) == 0 {
+		return nil
+	}
+	out := make([]ToolCall, len(in))
+	for i, tc := range in {
+		call := ToolCall{ID: tc.ID, Name: tc.Function.Name}
+		args := tc.Function.Arguments
+		if tc.Type == "custom" {
+			call.Name, args = tc.Custom.Name, tc.Custom.Input
+		}
+		switch {
+		case strings.TrimSpace(args) == "":
+			call.Input = json.RawMessage("{}")
+		case json.Valid([]byte(args)):
+			call.Input = json.RawMessage(args)
+		default:
+			quoted, _ := json.Marshal(args) // a string always marshals
+			call.Input = quoted
+		}
+		if call.ID == "" {
+			call.ID = fmt.Sprintf("call_%d", i)
+		}
+		out[i] = call
+	}
+	return out
 }
 
 func (p *openAIProvider) classify(ctx context.Context, err error, res *http.Response) *Error {

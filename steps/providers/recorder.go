@@ -30,10 +30,11 @@ type recorder struct {
 // NewRecorder returns a Provider that calls live and records each
 // successful reply into the cassette file at path, for NewReplay to
 // answer later. The file is created (with its directory) when missing. A
-// reply is appended to the interaction with the same step and PromptHash,
-// or starts a new interaction with the request's model; so replaying
-// attempt n returns the n-th reply recorded for that prompt. Delete the
-// file to record afresh.
+// reply (with its tool calls) is appended to the interaction with the
+// same step, turn and PromptHash, or starts a new interaction with the
+// request's turn (omitted when 0) and model; so replaying attempt n
+// returns the n-th reply recorded for that prompt or conversation turn.
+// Delete the file to record afresh.
 //
 // Failed live calls are returned as they are and not recorded. A request
 // without a Step, an unreadable or invalid existing cassette, or a failed
@@ -98,14 +99,14 @@ func (r *recorder) record(req Request, reply Reply) error {
 	merged := false
 	for i := range c.Interactions {
 		in := &c.Interactions[i]
-		if in.Step == req.Step && strings.EqualFold(in.PromptSHA256, hash) {
+		if in.Step == req.Step && in.Turn == req.Turn && strings.EqualFold(in.PromptSHA256, hash) {
 			in.Replies = append(in.Replies, reply)
 			merged = true
 			break
 		}
 	}
 	if !merged {
-		c.Interactions = append(c.Interactions, Interaction{Step: req.Step, PromptSHA256: hash, Model: req.Model, Replies: []Reply{reply}})
+		c.Interactions = append(c.Interactions, Interaction{Step: req.Step, Turn: req.Turn, PromptSHA256: hash, Model: req.Model, Replies: []Reply{reply}})
 	}
 
 	var buf bytes.Buffer

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -87,7 +88,7 @@ func TestRecorderRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatalf("replay %d: %v", i, err)
 		}
-		if got != tt.want {
+		if !reflect.DeepEqual(got, tt.want) {
 			t.Errorf("replay %d = %+v, want the recorded %+v", i, got, tt.want)
 		}
 	}

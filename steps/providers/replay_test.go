@@ -2,9 +2,12 @@ package providers_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -78,7 +81,7 @@ func TestReplay(t *testing.T) {
 				if err != nil {
 					t.Fatalf("Complete: %v", err)
 				}
-				if got != tt.want {
+				if !reflect.DeepEqual(got, tt.want) {
 					t.Errorf("reply = %+v, want %+v", got, tt.want)
 				}
 				return
@@ -203,4 +206,9 @@ func ExampleNewReplay() {
 	// Output:
 	// attempt 1: retryable=true: replay: empty reply: no text content (stop reason "")
 	// attempt 2: positive
+}
+
+func sha256Hex(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
 }

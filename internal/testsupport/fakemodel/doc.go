@@ -16,6 +16,14 @@
 //	...
 //	got := srv.Requests() // what the SDK sent, in arrival order
 //
+// A Response may carry ToolCalls (tool_use blocks, or an assistant
+// message's tool_calls, with stop reason tool_use or tool_calls) and
+// prompt-cache usage; a Request decodes the messages, content blocks,
+// tools and cache_control marks the SDK sent. Like the real APIs, a
+// server answers 400, without calling the Handler, to a conversation
+// whose tool results do not answer the previous assistant turn's tool
+// calls, so a test catches a dangling tool call.
+//
 // Servers shut down in t.Cleanup. Handlers run concurrently, one goroutine
 // per request, as in net/http.
 package fakemodel

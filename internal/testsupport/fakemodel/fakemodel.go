@@ -22,6 +22,69 @@ type Request struct {
 	Temperature *float64 // nil when absent
 	Header      http.Header
 	Body        []byte // the raw JSON body
+
+	// Messages are the request's messages in order, decoded into one
+	// shape for both wire formats (OpenAI's system and developer messages
+	// included, as role "system" or "developer" with one text block).
+	Messages []Message
+	// Tools are the declared tools, in order.
+	Tools []Tool
+	// SystemCacheControl is the cache_control type of the last system
+	// block that has one ("ephemeral"), or ""; Anthropic only.
+	SystemCacheControl string
+}
+
+// Message is one message of a request.
+type Message struct {
+	// Role is "user" or "assistant"; in OpenAI requests also "system",
+	// "developer" and "tool".
+	Role   string
+	Blocks []Block
+}
+
+// Block is one content block of a Message. Anthropic's blocks are decoded
+// as sent (a string content is one text block). In OpenAI requests a
+// message's text is one text block per content part, each of an
+// assistant message's tool_calls is a tool_use block (Input the
+// arguments when they are valid JSON, else the arguments as a JSON
+// string), and a tool message is one tool_result block (ToolUseID its
+// tool_call_id, Content its text).
+type Block struct {
+	Type string // "text", "tool_use", "tool_result", or another type as sent
+	Text string // text blocks
+
+	ID    string          // tool_use: the call's id
+	Name  string          // tool_use: the tool
+	Input json.RawMessage // tool_use: the input
+
+	ToolUseID string // tool_result: the call it answers
+	Content   string // tool_result: its text blocks joined by "\n"
+	IsError   bool   // tool_result: is_error (Anthropic)
+
+	CacheControl string // the block's cache_control type, or ""; Anthropic only
+}
+
+// Tool is one declared tool: an Anthropic tool or an OpenAI function tool.
+type Tool struct {
+	Name         string
+	Description  string
+	InputSchema  json.RawMessage // Anthropic input_schema, OpenAI function parameters; nil when absent
+	CacheControl string          // the tool's cache_control type, or ""; Anthropic only
+}
+
+// ToolCall is one tool call a scripted reply makes.
+type ToolCall struct {
+	// ID is the call's id; empty gives "toolu_fake_<reply>_<index>"
+	// (Anthropic) or "call_fake_<reply>_<index>" (OpenAI).
+	ID   string
+	Name string
+	// Input is the call's input, a JSON object; nil sends {}. OpenAI's
+	// wire carries it as the arguments string.
+	Input json.RawMessage
+	// Arguments, when not empty, is OpenAI's arguments string as sent,
+	// instead of Input, so a test can send arguments that are not JSON.
+	// Anthropic ignores it.
+	Arguments string
 }
 
 // APIKey returns the credential the request carried: the x-api-key
@@ -43,8 +106,13 @@ type Response struct {
 	// Text is the reply text when Status is 2xx (empty gives a reply with
 	// no text), else the error message.
 	Text string
+	// ToolCalls are the reply's tool calls, in order: tool_use blocks
+	// after the text block (Anthropic) or the message's tool_calls
+	// (OpenAI).
+	ToolCalls []ToolCall
 	// StopReason is the reply's stop_reason (Anthropic) or finish_reason
-	// (OpenAI); empty means "end_turn" or "stop".
+	// (OpenAI); empty means "tool_use" or "tool_calls" when ToolCalls is
+	// set, else "end_turn" or "stop".
 	StopReason string
 	// ErrorType is the error's type for a non-2xx Status; empty picks the
 	// provider's type for the status (for example rate_limit_error for 429).
@@ -52,6 +120,12 @@ type Response struct {
 	// InputTokens and OutputTokens are the reported usage; 0 counts the
 	// words of the prompt and of Text.
 	InputTokens, OutputTokens int64
+	// CacheReadTokens and CacheWriteTokens are the reported prompt-cache
+	// usage: Anthropic's cache_read_input_tokens and
+	// cache_creation_input_tokens (sent always, 0 when not set), OpenAI's
+	// prompt_tokens_details cached_tokens and cache_write_tokens (the
+	// object is sent only when one is set).
+	CacheReadTokens, CacheWriteTokens int64
 	// Header holds extra response headers, such as Retry-After.
 	Header http.Header
 	// RawBody, when not nil, is sent as the body instead of the wire
@@ -120,10 +194,19 @@ type wire struct {
 	decode func(body []byte) (Request, error)
 	reply  func(w http.ResponseWriter, id int64, req Request, resp Response)
 	fail   func(w http.ResponseWriter, status int, errType, msg string)
+	// check returns the 400 message for a request the real API refuses
+	// before any model runs (a tool call without its result), or "".
+	check func(req Request) string
 }
 
 // NewAnthropic starts a server speaking the Anthropic Messages API at
 // POST /v1/messages. URL() is the base URL for providers.Config.BaseURL.
+//
+// As the real API does, it answers 400 invalid_request_error, without
+// calling h, to a request in which a tool_use block is not answered by a
+// tool_result in the next message, a tool_result answers no tool_use of
+// the message before it, or tool blocks appear without tools declared.
+// Such a request is still recorded.
 func NewAnthropic(t testing.TB, h Handler) *Server {
 	t.Helper()
 	return start(t, h, anthropicWire, "")
@@ -132,6 +215,12 @@ func NewAnthropic(t testing.TB, h Handler) *Server {
 // NewOpenAI starts a server speaking the OpenAI Chat Completions API at
 // POST /v1/chat/completions. URL() ends in /v1, as the base URL of an
 // OpenAI-compatible server does.
+//
+// As the real API does, it answers 400 invalid_request_error, without
+// calling h, to a request in which an assistant message's tool_calls are
+// not each answered by a tool message right after it, or a tool message
+// answers no call of the assistant message before it. Such a request is
+// still recorded.
 func NewOpenAI(t testing.TB, h Handler) *Server {
 	t.Helper()
 	return start(t, h, openAIWire, "/v1")
@@ -196,6 +285,10 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.requests = append(s.requests, req)
 	s.mu.Unlock()
+	if msg := s.wire.check(req); msg != "" {
+		s.wire.fail(w, http.StatusBadRequest, "", msg)
+		return
+	}
 
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
@@ -275,7 +368,7 @@ func usage(resp Response, req Request) (in, out int64) {
 		in = int64(len(strings.Fields(req.System + " " + req.Prompt)))
 	}
 	if out == 0 {
-		out = int64(len(strings.Fields(resp.Text)))
+		out = int64(len(strings.Fields(resp.Text)) + 5*len(resp.ToolCalls))
 	}
 	return in, out
 }

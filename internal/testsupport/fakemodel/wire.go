@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -14,6 +16,46 @@ var anthropicWire = wire{
 	decode: decodeAnthropic,
 	reply:  replyAnthropic,
 	fail:   failAnthropic,
+	check:  checkAnthropic,
+}
+
+// anthropicBlock is a content block as the Messages API sends it.
+type anthropicBlock struct {
+	Type         string          `json:"type"`
+	Text         string          `json:"text"`
+	ID           string          `json:"id"`
+	Name         string          `json:"name"`
+	Input        json.RawMessage `json:"input"`
+	ToolUseID    string          `json:"tool_use_id"`
+	Content      json.RawMessage `json:"content"`
+	IsError      bool            `json:"is_error"`
+	CacheControl *struct {
+		Type string `json:"type"`
+	} `json:"cache_control"`
+}
+
+func (b anthropicBlock) cacheControl() string {
+	if b.CacheControl == nil {
+		return ""
+	}
+	return b.CacheControl.Type
+}
+
+// anthropicBlocks decodes a content value: a string (one text block) or
+// an array of blocks.
+func anthropicBlocks(raw json.RawMessage) ([]anthropicBlock, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return []anthropicBlock{{Type: "text", Text: s}}, nil
+	}
+	var blocks []anthropicBlock
+	if err := json.Unmarshal(raw, &blocks); err != nil {
+		return nil, fmt.Errorf("content is neither a string nor an array of blocks: %w", err)
+	}
+	return blocks, nil
 }
 
 func decodeAnthropic(body []byte) (Request, error) {
@@ -26,38 +68,129 @@ func decodeAnthropic(body []byte) (Request, error) {
 			Role    string          `json:"role"`
 			Content json.RawMessage `json:"content"`
 		} `json:"messages"`
+		Tools []struct {
+			Name         string          `json:"name"`
+			Description  string          `json:"description"`
+			InputSchema  json.RawMessage `json:"input_schema"`
+			CacheControl *struct {
+				Type string `json:"type"`
+			} `json:"cache_control"`
+		} `json:"tools"`
 	}
 	if err := json.Unmarshal(body, &in); err != nil {
 		return Request{}, err
 	}
-	system, err := text(in.System)
+	system, err := anthropicBlocks(in.System)
 	if err != nil {
 		return Request{}, fmt.Errorf("system: %w", err)
 	}
-	req := Request{Model: in.Model, System: system, MaxTokens: in.MaxTokens, Temperature: in.Temperature}
+	req := Request{Model: in.Model, MaxTokens: in.MaxTokens, Temperature: in.Temperature}
+	for _, b := range system {
+		if b.Type == "text" {
+			req.System = joinNonEmpty(req.System, b.Text)
+		}
+		if cc := b.cacheControl(); cc != "" {
+			req.SystemCacheControl = cc
+		}
+	}
 	for i, m := range in.Messages {
-		t, err := text(m.Content)
+		blocks, err := anthropicBlocks(m.Content)
 		if err != nil {
 			return Request{}, fmt.Errorf("messages[%d]: %w", i, err)
 		}
-		if m.Role == "user" {
-			req.Prompt = joinNonEmpty(req.Prompt, t)
+		msg := Message{Role: m.Role}
+		for j, b := range blocks {
+			out := Block{Type: b.Type, Text: b.Text, ID: b.ID, Name: b.Name, Input: b.Input, ToolUseID: b.ToolUseID, IsError: b.IsError, CacheControl: b.cacheControl()}
+			if b.Type == "tool_result" {
+				if out.Content, err = text(b.Content); err != nil {
+					return Request{}, fmt.Errorf("messages[%d].content[%d]: %w", i, j, err)
+				}
+			}
+			msg.Blocks = append(msg.Blocks, out)
+			if m.Role == "user" && b.Type == "text" {
+				req.Prompt = joinNonEmpty(req.Prompt, b.Text)
+			}
 		}
+		req.Messages = append(req.Messages, msg)
+	}
+	for _, t := range in.Tools {
+		tool := Tool{Name: t.Name, Description: t.Description, InputSchema: t.InputSchema}
+		if t.CacheControl != nil {
+			tool.CacheControl = t.CacheControl.Type
+		}
+		req.Tools = append(req.Tools, tool)
 	}
 	return req, nil
 }
 
-func replyAnthropic(w http.ResponseWriter, id int64, req Request, resp Response) {
-	type block struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
+// checkAnthropic refuses what the Messages API refuses about tool use, in
+// its words (https://docs.anthropic.com/en/docs/build-with-claude/tool-use).
+func checkAnthropic(req Request) string {
+	var pending []string // tool_use ids of the previous assistant message
+	for i, m := range req.Messages {
+		answered := map[string]bool{}
+		var uses []string
+		for j, b := range m.Blocks {
+			switch b.Type {
+			case "tool_use", "tool_result":
+				if len(req.Tools) == 0 {
+					return fmt.Sprintf("messages.%d.content.%d: requests which include `tool_use` or `tool_result` blocks must define tools", i, j)
+				}
+			}
+			switch b.Type {
+			case "tool_use":
+				uses = append(uses, b.ID)
+			case "tool_result":
+				if m.Role != "user" || !slices.Contains(pending, b.ToolUseID) {
+					return fmt.Sprintf("messages.%d.content.%d: unexpected `tool_use_id` found in `tool_result` blocks: %s. Each `tool_result` block must have a corresponding `tool_use` block in the previous message.", i, j, b.ToolUseID)
+				}
+				answered[b.ToolUseID] = true
+			}
+		}
+		if missing := unanswered(pending, answered); len(missing) > 0 {
+			return fmt.Sprintf("messages.%d: `tool_use` ids were found without `tool_result` blocks immediately after: %s. Each `tool_use` block must have a corresponding `tool_result` block in the next message.", i-1, strings.Join(missing, ", "))
+		}
+		pending = uses
 	}
-	content := []block{}
+	if len(pending) > 0 {
+		return fmt.Sprintf("messages.%d: `tool_use` ids were found without `tool_result` blocks immediately after: %s. Each `tool_use` block must have a corresponding `tool_result` block in the next message.", len(req.Messages)-1, strings.Join(pending, ", "))
+	}
+	return ""
+}
+
+// unanswered returns the ids in pending that answered lacks, in order.
+func unanswered(pending []string, answered map[string]bool) []string {
+	var out []string
+	for _, id := range pending {
+		if !answered[id] {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func replyAnthropic(w http.ResponseWriter, id int64, req Request, resp Response) {
+	content := []map[string]any{}
 	if resp.Text != "" {
-		content = append(content, block{Type: "text", Text: resp.Text})
+		content = append(content, map[string]any{"type": "text", "text": resp.Text})
+	}
+	for i, tc := range resp.ToolCalls {
+		callID := tc.ID
+		if callID == "" {
+			callID = fmt.Sprintf("toolu_fake_%04d_%d", id, i)
+		}
+		input := tc.Input
+		if len(input) == 0 {
+			input = json.RawMessage("{}")
+		}
+		content = append(content, map[string]any{"type": "tool_use", "id": callID, "name": tc.Name, "input": input})
 	}
 	stop := resp.StopReason
-	if stop == "" {
+	switch {
+	case stop != "":
+	case len(resp.ToolCalls) > 0:
+		stop = "tool_use"
+	default:
 		stop = "end_turn"
 	}
 	in, out := usage(resp, req)
@@ -70,7 +203,12 @@ func replyAnthropic(w http.ResponseWriter, id int64, req Request, resp Response)
 		"model":         req.Model,
 		"stop_reason":   stop,
 		"stop_sequence": nil,
-		"usage":         map[string]int64{"input_tokens": in, "output_tokens": out},
+		"usage": map[string]int64{
+			"input_tokens":                in,
+			"output_tokens":               out,
+			"cache_read_input_tokens":     resp.CacheReadTokens,
+			"cache_creation_input_tokens": resp.CacheWriteTokens,
+		},
 	})
 }
 
@@ -116,6 +254,7 @@ var openAIWire = wire{
 	decode: decodeOpenAI,
 	reply:  replyOpenAI,
 	fail:   failOpenAI,
+	check:  checkOpenAI,
 }
 
 func decodeOpenAI(body []byte) (Request, error) {
@@ -125,9 +264,26 @@ func decodeOpenAI(body []byte) (Request, error) {
 		MaxCompletionTokens int64    `json:"max_completion_tokens"`
 		Temperature         *float64 `json:"temperature"`
 		Messages            []struct {
-			Role    string          `json:"role"`
-			Content json.RawMessage `json:"content"`
+			Role       string          `json:"role"`
+			Content    json.RawMessage `json:"content"`
+			ToolCallID string          `json:"tool_call_id"`
+			ToolCalls  []struct {
+				ID       string `json:"id"`
+				Type     string `json:"type"`
+				Function struct {
+					Name      string `json:"name"`
+					Arguments string `json:"arguments"`
+				} `json:"function"`
+			} `json:"tool_calls"`
 		} `json:"messages"`
+		Tools []struct {
+			Type     string `json:"type"`
+			Function struct {
+				Name        string          `json:"name"`
+				Description string          `json:"description"`
+				Parameters  json.RawMessage `json:"parameters"`
+			} `json:"function"`
+		} `json:"tools"`
 	}
 	if err := json.Unmarshal(body, &in); err != nil {
 		return Request{}, err
@@ -137,30 +293,137 @@ func decodeOpenAI(body []byte) (Request, error) {
 		req.MaxTokens = in.MaxCompletionTokens
 	}
 	for i, m := range in.Messages {
-		t, err := text(m.Content)
+		parts, err := textParts(m.Content)
 		if err != nil {
 			return Request{}, fmt.Errorf("messages[%d]: %w", i, err)
 		}
+		t := strings.Join(parts, "\n")
+		msg := Message{Role: m.Role}
 		switch m.Role {
 		case "system", "developer":
 			req.System = joinNonEmpty(req.System, t)
 		case "user":
 			req.Prompt = joinNonEmpty(req.Prompt, t)
 		}
+		if m.Role == "tool" {
+			msg.Blocks = []Block{{Type: "tool_result", ToolUseID: m.ToolCallID, Content: t}}
+		} else {
+			for _, p := range parts {
+				msg.Blocks = append(msg.Blocks, Block{Type: "text", Text: p})
+			}
+		}
+		for _, tc := range m.ToolCalls {
+			input := json.RawMessage(tc.Function.Arguments)
+			if !json.Valid(input) {
+				input, _ = json.Marshal(tc.Function.Arguments)
+			}
+			msg.Blocks = append(msg.Blocks, Block{Type: "tool_use", ID: tc.ID, Name: tc.Function.Name, Input: input})
+		}
+		req.Messages = append(req.Messages, msg)
+	}
+	for _, t := range in.Tools {
+		req.Tools = append(req.Tools, Tool{Name: t.Function.Name, Description: t.Function.Description, InputSchema: t.Function.Parameters})
 	}
 	return req, nil
 }
 
+// textParts returns the texts of a chat content value: a string, or an
+// array of parts of which the text parts count.
+func textParts(raw json.RawMessage) ([]string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return []string{s}, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return nil, fmt.Errorf("content is neither a string nor an array of parts: %w", err)
+	}
+	var out []string
+	for _, p := range parts {
+		if p.Type == "text" {
+			out = append(out, p.Text)
+		}
+	}
+	return out, nil
+}
+
+// checkOpenAI refuses what Chat Completions refuses about tool calls, in
+// its words (https://platform.openai.com/docs/guides/function-calling).
+func checkOpenAI(req Request) string {
+	var pending []string // tool call ids of the last assistant message still unanswered
+	answered := map[string]bool{}
+	for i, m := range req.Messages {
+		if m.Role == "tool" {
+			id := m.Blocks[0].ToolUseID
+			if !slices.Contains(pending, id) || answered[id] {
+				return fmt.Sprintf("Invalid parameter: messages[%d]: messages with role 'tool' must be a response to a preceding message with 'tool_calls' (tool_call_id %q).", i, id)
+			}
+			answered[id] = true
+			continue
+		}
+		if missing := unanswered(pending, answered); len(missing) > 0 {
+			return fmt.Sprintf("An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'. The following tool_call_ids did not have response messages: %s", strings.Join(missing, ", "))
+		}
+		pending, answered = nil, map[string]bool{}
+		for _, b := range m.Blocks {
+			if b.Type == "tool_use" {
+				pending = append(pending, b.ID)
+			}
+		}
+	}
+	if missing := unanswered(pending, answered); len(missing) > 0 {
+		return fmt.Sprintf("An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'. The following tool_call_ids did not have response messages: %s", strings.Join(missing, ", "))
+	}
+	return ""
+}
+
 func replyOpenAI(w http.ResponseWriter, id int64, req Request, resp Response) {
 	finish := resp.StopReason
-	if finish == "" {
+	switch {
+	case finish != "":
+	case len(resp.ToolCalls) > 0:
+		finish = "tool_calls"
+	default:
 		finish = "stop"
 	}
 	var content any // null when there is no text, as the API sends it
 	if resp.Text != "" {
 		content = resp.Text
 	}
+	message := map[string]any{"role": "assistant", "content": content, "refusal": nil}
+	if len(resp.ToolCalls) > 0 {
+		calls := make([]map[string]any, len(resp.ToolCalls))
+		for i, tc := range resp.ToolCalls {
+			callID := tc.ID
+			if callID == "" {
+				callID = fmt.Sprintf("call_fake_%04d_%d", id, i)
+			}
+			args := tc.Arguments
+			if args == "" {
+				args = string(tc.Input)
+			}
+			if args == "" {
+				args = "{}"
+			}
+			calls[i] = map[string]any{"id": callID, "type": "function", "function": map[string]string{"name": tc.Name, "arguments": args}}
+		}
+		message["tool_calls"] = calls
+	}
 	in, out := usage(resp, req)
+	u := map[string]any{"prompt_tokens": in, "completion_tokens": out, "total_tokens": in + out}
+	if resp.CacheReadTokens != 0 || resp.CacheWriteTokens != 0 {
+		details := map[string]int64{"cached_tokens": resp.CacheReadTokens}
+		if resp.CacheWriteTokens != 0 {
+			details["cache_write_tokens"] = resp.CacheWriteTokens
+		}
+		u["prompt_tokens_details"] = details
+	}
 	writeJSON(w, http.StatusOK, map[string]any{
 		"id":      fmt.Sprintf("chatcmpl-fake-%04d", id),
 		"object":  "chat.completion",
@@ -168,11 +431,11 @@ func replyOpenAI(w http.ResponseWriter, id int64, req Request, resp Response) {
 		"model":   req.Model,
 		"choices": []map[string]any{{
 			"index":         0,
-			"message":       map[string]any{"role": "assistant", "content": content, "refusal": nil},
+			"message":       message,
 			"logprobs":      nil,
 			"finish_reason": finish,
 		}},
-		"usage": map[string]int64{"prompt_tokens": in, "completion_tokens": out, "total_tokens": in + out},
+		"usage": u,
 	})
 }
 
