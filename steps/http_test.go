@@ -142,7 +142,7 @@ func TestHTTPSendsRenderedBody(t *testing.T) {
 	}
 	for h, want := range map[string]string{
 		"Content-Type":    "application/json",
-		"Accept":          "application/json",
+		"Accept":          "application/json, text/*;q=0.9, */*;q=0.1",
 		"Idempotency-Key": "job-1/file/run-1",
 		"X-Job":           "job-1",
 		"X-Attempt":       "1",

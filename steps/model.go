@@ -227,6 +227,13 @@ type scrubbingProvider struct {
 func (p scrubbingProvider) Complete(ctx context.Context, req providers.Request) (providers.Reply, error) {
 	reply, err := p.live.Complete(ctx, req)
 	reply.Text, reply.Model, reply.StopReason = p.s.outputText(reply.Text), p.s.outputText(reply.Model), p.s.outputText(reply.StopReason)
+	for i := range reply.ToolCalls {
+		tc := &reply.ToolCalls[i]
+		tc.ID, tc.Name = p.s.outputText(tc.ID), p.s.outputText(tc.Name)
+		if len(tc.Input) > 0 {
+			tc.Input = json.RawMessage(p.s.json(tc.Input, false))
+		}
+	}
 	return reply, err
 }
 

@@ -174,7 +174,7 @@ func TestHTTPSecretsScrubbedFromErrors(t *testing.T) {
 			// The token starts a few bytes before the 300-byte cut.
 			fmt.Fprintf(w, "%s%s", strings.Repeat("x", 290-len("Bearer ")), r.Header.Get("Authorization"))
 		}},
-		{name: "200 that is not JSON", status: 200, reply: func(w http.ResponseWriter, r *http.Request, _ []byte) {
+		{name: "200 text echoing the token", status: 200, reply: func(w http.ResponseWriter, r *http.Request, _ []byte) {
 			fmt.Fprintf(w, "<html>%s</html>", r.Header.Get("Authorization"))
 		}},
 	}
@@ -182,7 +182,17 @@ func TestHTTPSecretsScrubbedFromErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			b, def := setupSecretHTTP(t, tt.reply)
-			_, err := mustPrepare(t, def, "call", b.env).Run(t.Context(), newCall(def, "call", `{"amount": 1}`))
+			out, err := mustPrepare(t, def, "call", b.env).Run(t.Context(), newCall(def, "call", `{"amount": 1}`))
+			if tt.status == 200 {
+				// A text response is the output ({content_type, text, bytes}),
+				// scrubbed like any output.
+				raw, _ := json.Marshal(out)
+				if err != nil || !strings.Contains(string(raw), `"text"`) {
+					t.Fatalf("Run: %s, %v; want the text as the output", raw, err)
+				}
+				assertNoSecret(t, "output", string(raw))
+				return
+			}
 			if err == nil {
 				t.Fatal("Run succeeded, want the provider's error")
 			}
