@@ -301,10 +301,12 @@ func TestIndexFollowsCrashesBetweenWrites(t *testing.T) {
 	}
 	var ended kv.IndexEntry
 	testsupport.Eventually(t, 10*time.Second, func() bool {
-		// The index moves after the terminal checkpoint, off the lane.
+		// The index moves after the terminal checkpoint, off the lane: the
+		// ended entry is written, then the active one purged.
 		ended, err = b.store.Jobs.Get(ctx, kv.EndedKey(schemas.JobCompleted, "five", id))
-		return err == nil
-	}, "no ended index entry: %v", err)
+		_, aerr := b.store.Jobs.Get(ctx, kv.ActiveKey("five", id))
+		return err == nil && errors.Is(aerr, schemas.ErrNotFound)
+	}, "the index never moved to the ended entry: %v", err)
 	if err := b.store.Jobs.Remove(ctx, ended.Key, ended.Revision); err != nil {
 		t.Fatal(err)
 	}
