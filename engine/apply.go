@@ -426,13 +426,18 @@ func applySignal(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now t
 	if !signalMayApply(cp, sig) {
 		return outcomeStale, nil
 	}
+	if cp.Fan != nil {
+		b, ok := resolveInFan(cp, sig.Key)
+		if !ok {
+			return outcomeStale, nil
+		}
+		evs := []event{{typ: schemas.EventStepUnblocked, data: schemas.HistoryData{Job: cp.JobID, Step: b.Step, Item: b.Item, EffectKey: sig.Key, By: sig.By}}}
+		return outcomeApplied, append(evs, resumeFan(c, cp, b, now)...)
+	}
 	b := cp.Blocked
 	cp.Status = schemas.JobRunning
 	cp.Blocked = nil
 	evs := []event{{typ: schemas.EventStepUnblocked, data: schemas.HistoryData{Job: cp.JobID, Step: b.Step, Item: b.Item, EffectKey: sig.Key, By: sig.By}}}
-	if cp.Fan != nil {
-		return outcomeApplied, append(evs, resumeFan(c, cp, b, now)...)
-	}
 	return outcomeApplied, append(evs, dispatchOrStop(c, cp, b.Step, false, time.Time{}, now)...)
 }
 

@@ -49,6 +49,9 @@ func (e *Engine) startChild(ctx context.Context, cp *schemas.Checkpoint, d *sche
 		}
 		return nil // started before; its end comes to the caller it names, or the reconciler's
 	}
+	if c := callerOf(cp, d); c.Depth > schemas.MaxChildDepth {
+		return e.failChild(ctx, cp, d, fmt.Sprintf("it would nest %d child jobs deep; the limit is %d (does a workflow start itself through others?)", c.Depth, schemas.MaxChildDepth))
+	}
 	childDef, err := e.store.Definitions.Latest(ctx, cs.Workflow)
 	if errors.Is(err, schemas.ErrNotFound) {
 		return e.failChild(ctx, cp, d, fmt.Sprintf("workflow %q is not stored: give it to engine run or engine start with --child FILE", cs.Workflow))
@@ -86,7 +89,11 @@ func (e *Engine) startChild(ctx context.Context, cp *schemas.Checkpoint, d *sche
 }
 
 func callerOf(cp *schemas.Checkpoint, d *schemas.Dispatch) *schemas.Caller {
-	return &schemas.Caller{Job: cp.JobID, Step: d.Step, Attempt: d.Attempt, MsgID: d.MsgID}
+	depth := 1
+	if cp.Caller != nil {
+		depth = cp.Caller.Depth + 1
+	}
+	return &schemas.Caller{Job: cp.JobID, Step: d.Step, Attempt: d.Attempt, MsgID: d.MsgID, Depth: depth}
 }
 
 // failChild answers d with a failure: its child could not be started.

@@ -204,3 +204,21 @@ steps:
 		t.Fatalf("status %s, children started %d", v.Status, b.engine.Stats().ChildrenStarted)
 	}
 }
+
+// TestChildJobsNestAtMostEightDeep: two workflows that start each other
+// stop at the depth limit: the deepest step fails, and each parent fails
+// with its child.
+func TestChildJobsNestAtMostEightDeep(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	b.worker(echo)
+	ping := b.storeDef("name: ping\nversion: 1\nsteps:\n  - {id: call, kind: workflow, with: {workflow: pong}, save_as: r}\n")
+	b.storeDef("name: pong\nversion: 1\nsteps:\n  - {id: call, kind: workflow, with: {workflow: ping}, save_as: r}\n")
+	v := b.wait(b.start(ping, `{}`, "cycle"))
+	if v.Status != schemas.JobFailed || v.Error == nil || !strings.Contains(v.Error.Message, "it would nest 9 child jobs deep; the limit is 8") {
+		t.Fatalf("status %s error %+v", v.Status, v.Error)
+	}
+	if n := b.engine.Stats().ChildrenStarted; n != schemas.MaxChildDepth {
+		t.Errorf("children started: %d, want %d", n, schemas.MaxChildDepth)
+	}
+}

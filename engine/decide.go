@@ -177,11 +177,13 @@ items:
 				workerRecovered = true
 			}
 			p.tally.applied++
-			if cp.Status == schemas.JobNeedsReconciliation && cp.Blocked != nil {
-				p.tally.blocked++
-				// The ledger must say the outcome is unknown, for a person to
-				// decide (a record already ambiguous is left as it is).
-				p.markAmbiguous = cp.Blocked.EffectKey
+			for _, ev := range resEvs {
+				if ev.typ == schemas.EventStepBlocked && ev.data.EffectKey != "" {
+					p.tally.blocked++
+					// The ledger must say the outcome is unknown, for a person
+					// to decide (a record already ambiguous is left as it is).
+					p.markAmbiguous = append(p.markAmbiguous, ev.data.EffectKey)
+				}
 			}
 			evs = append(evs, resEvs...)
 			changed, cause = true, it.msgID
@@ -303,7 +305,13 @@ func signalMayApply(cp *schemas.Checkpoint, sig *schemas.Signal) bool {
 	if status == schemas.JobBlocked {
 		status = cp.BlockedFrom
 	}
-	return sig.Type == schemas.SignalEffectResolved && status == schemas.JobNeedsReconciliation && cp.Blocked != nil && cp.Blocked.EffectKey == sig.Key
+	if sig.Type != schemas.SignalEffectResolved || status != schemas.JobNeedsReconciliation || cp.Blocked == nil {
+		return false
+	}
+	if cp.Fan != nil {
+		return slices.ContainsFunc(cp.Fan.Blocked, func(b schemas.Blocked) bool { return b.EffectKey == sig.Key })
+	}
+	return cp.Blocked.EffectKey == sig.Key
 }
 
 // checkConsistent refuses a checkpoint that decodes but cannot have been

@@ -135,7 +135,7 @@ func (env *fanEnv) decodeList(c *compiled, cp *schemas.Checkpoint, s *schemas.St
 		raw = env.resolve(cp, raw)
 	}
 	var items []json.RawMessage
-	if err := json.Unmarshal(raw, &items); err != nil {
+	if err := json.Unmarshal(raw, &items); err != nil || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
 		return nil, &schemas.Error{Code: schemas.CodeInputInvalid, Message: fmt.Sprintf("for_each.items: state.%s is %s, not a list", f.Items, jsonKindOf(raw))}
 	}
 	if max := f.MaxItemsOf(); len(items) > max {
@@ -336,18 +336,19 @@ func progressMap(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, now time.
 	for conc := s.ForEach.ConcurrencyOf(); len(f.Running) < conc && f.Next < f.Total; f.Next++ {
 		evs = append(evs, dispatchItem(c, cp, s, f.Next, 1, time.Time{}, now))
 	}
+	finishing := f.Done.Len()+len(f.Failed) == f.Total && len(f.Running) == 0 && len(f.Blocked) == 0
 	pending := 0
 	for _, o := range f.Outputs {
 		pending += len(o.Output) + 16
 	}
-	if pending > chunkBytes {
+	if pending > chunkBytes && !finishing {
 		data, _ := json.Marshal(f.Outputs)
 		sum := sha256.Sum256(data)
 		f.Chunks = append(f.Chunks, schemas.FanChunk{Digest: "sha256:" + hex.EncodeToString(sum[:]), Bytes: len(data), Items: len(f.Outputs)})
 		cp.Unsaved = append(cp.Unsaved, data)
 		f.Outputs = nil
 	}
-	if f.Done.Len()+len(f.Failed) == f.Total && len(f.Running) == 0 {
+	if finishing {
 		evs = append(evs, finishMap(c, cp, s, now)...)
 	}
 	return evs
@@ -552,8 +553,7 @@ func applyItemResult(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, res *
 		}
 		rec := stepRecord(c, cp, s.ID)
 		rec.Status, rec.LastError = schemas.StepBlocked, e
-		cp.Status = schemas.JobNeedsReconciliation
-		cp.Blocked = &schemas.Blocked{Step: s.ID, Item: res.Item, Attempt: d.Attempt, EffectKey: key, Class: c.def.EffectOf(s), Reason: e.Message, LastError: e}
+		blockInFan(cp, &schemas.Blocked{Step: s.ID, Item: res.Item, Attempt: d.Attempt, EffectKey: key, Class: c.def.EffectOf(s), Reason: e.Message, LastError: e})
 		return []event{ev, {typ: schemas.EventStepBlocked, data: schemas.HistoryData{
 			Job: cp.JobID, Step: s.ID, Attempt: res.Attempt, Item: res.Item, Status: string(cp.Status), Error: e, EffectKey: key,
 		}}}
@@ -608,7 +608,11 @@ func applyBranchResult(c *compiled, cp *schemas.Checkpoint, ps *schemas.Step, re
 	e = e.At(cp.JobID, res.Step, res.Attempt)
 	if e.Code == schemas.CodeAmbiguous || (!retryable(c, bs, rec, e) && outcomeUnknown(c, bs, res)) {
 		cp.Current = d
+		held := cp.Blocked
 		ev := blockStep(c, cp, bs, rec, res, e)
+		b := cp.Blocked
+		cp.Blocked = held
+		blockInFan(cp, b)
 		return []event{{typ: schemas.EventStepFailed, data: schemas.HistoryData{Job: cp.JobID, Step: res.Step, Attempt: res.Attempt, Error: e,
 			Reason: "the branch failed for good while its effect may have happened", EffectKey: res.EffectKey, EffectState: string(res.EffectState)}}, ev}
 	}
@@ -700,6 +704,40 @@ func cancelBranches(c *compiled, cp *schemas.Checkpoint, ps *schemas.Step, now t
 	return evs
 }
 
+// blockInFan records b, a fan item or branch whose effect may have
+// happened, in the fan's Blocked list; the job needs reconciliation and
+// names the first of them. The fan's other dispatches go on; nothing new
+// starts until every one is resolved.
+func blockInFan(cp *schemas.Checkpoint, b *schemas.Blocked) {
+	cp.Fan.Blocked = append(cp.Fan.Blocked, *b)
+	cp.Status = schemas.JobNeedsReconciliation
+	if cp.Blocked == nil {
+		cp.Blocked = b
+	}
+}
+
+// resolveInFan takes the fan's blocked item or branch whose effect key is
+// key out of its Blocked list: it is dispatched again (resumeFan). The job
+// goes on running once none is left, else names the next.
+func resolveInFan(cp *schemas.Checkpoint, key string) (*schemas.Blocked, bool) {
+	f := cp.Fan
+	for i := range f.Blocked {
+		if f.Blocked[i].EffectKey == key {
+			b := f.Blocked[i]
+			f.Blocked = slices.Delete(f.Blocked, i, i+1)
+			if len(f.Blocked) > 0 {
+				next := f.Blocked[0]
+				cp.Blocked = &next
+			} else {
+				cp.Blocked = nil
+				cp.Status = schemas.JobRunning
+			}
+			return &b, true
+		}
+	}
+	return nil, false
+}
+
 // resumeFan goes on with a fan whose blocked item or branch was resolved:
 // it is dispatched again (its ledger record says what happened), and the
 // map takes more items.
@@ -721,6 +759,12 @@ type fanFault struct{ err error }
 
 // chunk reads a chunk of map outputs.
 func (env *fanEnv) chunk(cp *schemas.Checkpoint, ch schemas.FanChunk) ([]byte, error) {
+	for _, v := range cp.Unsaved {
+		// Made by this transition, not stored yet.
+		if len(v) == ch.Bytes && schemas.NewValueRef(v).Digest == ch.Digest {
+			return v, nil
+		}
+	}
 	if env.get == nil {
 		return nil, fmt.Errorf("chunk %s: this engine has no value store", ch.Digest)
 	}

@@ -728,3 +728,75 @@ func TestLargeInputByReference(t *testing.T) {
 		t.Fatalf("start again: %+v %v, want attached", res, err)
 	}
 }
+
+// TestMapWithSeveralUnknownOutcomes: two items of a map end with their
+// effects' outcome unknown; both are listed, each can be resolved in any
+// order, and the job goes on once both are.
+func TestMapWithSeveralUnknownOutcomes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	def := b.define(strings.Replace(strings.Replace(mapDocs, "kind: noop\n    save_as: doubled", "kind: noop\n    effect: unsafe\n    save_as: doubled", 1), "concurrency: 4}", "concurrency: 2}", 1))
+	id := b.start(def, docsInput(3), "unsafe-two")
+	hs := []held{b.nextOf(id, ch), b.nextOf(id, ch)}
+	for _, h := range hs {
+		h.send(&schemas.StepResult{Job: id, Step: "each", Attempt: h.sm.Attempt, Item: h.sm.Item, EffectKey: h.sm.EffectKey,
+			EffectState: schemas.EffectDispatched, Error: &schemas.Error{Code: schemas.CodeTimeout, Message: "no answer"}})
+	}
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		v, _ := b.client.Job(context.Background(), id)
+		return v != nil && v.Fan != nil && v.Fan.Blocked == 2
+	}, "both items were not listed as waiting for a person")
+	resolve := func(key string) {
+		sig := nats.NewMsg(b.store.Names.InboxSubject(kv.InboxSignal, id))
+		sig.Data, _ = json.Marshal(schemas.Signal{Job: id, Type: schemas.SignalEffectResolved, Key: key, By: "test"})
+		sig.Header.Set(jetstream.MsgIDHeader, "resolve/"+key)
+		if _, err := b.store.JS.PublishMsg(context.Background(), sig); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resolve(hs[1].sm.EffectKey) // the second first
+	again := b.nextOf(id, ch)
+	if again.sm.Item != hs[1].sm.Item {
+		t.Fatalf("after resolving item %d came item %d", hs[1].sm.Item, again.sm.Item)
+	}
+	if v, _ := b.client.Job(context.Background(), id); v.Status != schemas.JobNeedsReconciliation || v.Blocked == nil || v.Blocked.EffectKey != hs[0].sm.EffectKey {
+		t.Fatalf("with one left: status %s blocked %+v", v.Status, v.Blocked)
+	}
+	again.reply(json.RawMessage(`"b"`), nil)
+	resolve(hs[0].sm.EffectKey)
+	first := b.nextOf(id, ch)
+	first.reply(json.RawMessage(`"a"`), nil)
+	b.nextOf(id, ch).reply(json.RawMessage(`"c"`), nil)
+	b.nextOf(id, ch).reply(json.RawMessage(`{}`), nil) // after
+	v := b.wait(id)
+	got, _ := json.Marshal(decodeState(t, v.State)["doubled"])
+	if v.Status != schemas.JobCompleted || string(got) != `["a","b","c"]` {
+		t.Fatalf("status %s outputs %s", v.Status, got)
+	}
+}
+
+// TestMapWhoseLastOutputFillsAChunk: the output that completes a map
+// would fill a chunk; the map completes with it in the state.
+func TestMapWhoseLastOutputFillsAChunk(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	pad := strings.Repeat("p", 9000)
+	b.worker(func(sm *schemas.StepMessage) (json.RawMessage, *schemas.Error) {
+		return json.RawMessage(fmt.Sprintf(`{"pad": %q}`, pad)), nil
+	})
+	def := b.define("name: fill\nversion: 1\nsteps:\n  - id: m\n    kind: noop\n    for_each: {items: xs, concurrency: 3}\n    save_as: rs\n")
+	for _, n := range []int{1, 2, 7} {
+		var xs []string
+		for i := range n {
+			xs = append(xs, strconv.Itoa(i))
+		}
+		v := b.wait(b.start(def, `{"xs": [`+strings.Join(xs, ",")+`]}`, fmt.Sprintf("fill-%d", n)))
+		var st struct {
+			Rs []map[string]string `json:"rs"`
+		}
+		if err := json.Unmarshal(v.State, &st); v.Status != schemas.JobCompleted || err != nil || len(st.Rs) != n || st.Rs[n-1]["pad"] != pad {
+			t.Fatalf("%d items: status %s, %d outputs (%v)", n, v.Status, len(st.Rs), err)
+		}
+	}
+}

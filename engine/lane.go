@@ -99,10 +99,10 @@ type plan struct {
 	// republish: nothing to write; publish base's events (and, with
 	// dispatch, base.Current) again, under the ids they had.
 	republish bool
-	// markAmbiguous names an effect whose ledger record must say
+	// markAmbiguous names the effects whose ledger records must say
 	// "ambiguous" once next is written (a step failed for good while its
 	// effect may have happened).
-	markAmbiguous string
+	markAmbiguous []string
 	// keep: the job is blocked (its definition cannot be loaded); its
 	// messages are handed back with keepDelay instead of acknowledged.
 	keep      bool
@@ -305,7 +305,7 @@ func (e *Engine) load(ctx context.Context, ps []*plan, fresh bool) {
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 32)
 	for _, p := range ps {
-		p.next, p.dispatch, p.sends, p.republish, p.markAmbiguous, p.keep, p.entry = nil, false, nil, false, "", false, nil
+		p.next, p.dispatch, p.sends, p.republish, p.markAmbiguous, p.keep, p.entry = nil, false, nil, false, nil, false, nil
 		p.err, p.tally = nil, tally{}
 		if !fresh {
 			if c, ok := e.cache.get(p.job); ok {
@@ -540,7 +540,7 @@ func (e *Engine) tooLarge(p *plan, cause error) bool {
 	cp.Seq = p.base.cp.Seq + 1
 	cp.UpdatedAt, cp.Writer, cp.Cause = now, e.incarnation, p.next.Cause
 	e.setOutbox(p.base.cp, cp, []event{ev}, now)
-	p.next, p.dispatch, p.sends, p.markAmbiguous = cp, false, nil, ""
+	p.next, p.dispatch, p.sends, p.markAmbiguous = cp, false, nil, nil
 	p.tally.completed, p.tally.failed = 0, 1
 	e.log.Warn("job failed: its state would exceed a size limit", "job", cp.JobID, "err", failed)
 	return true

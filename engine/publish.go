@@ -162,7 +162,7 @@ func (e *Engine) finish(ctx context.Context, st *settlement) {
 		if p.dispatch {
 			e.ctr.dispatched.Add(uint64(len(p.sends)))
 		}
-		if cp := p.written(); cp.Status.Terminal() || p.markAmbiguous != "" {
+		if cp := p.written(); cp.Status.Terminal() || len(p.markAmbiguous) > 0 {
 			after = append(after, p)
 		}
 	}
@@ -202,8 +202,8 @@ func (e *Engine) afterWrite(ctx context.Context, ps []*plan) {
 					}
 				}
 			}
-			if p.markAmbiguous != "" {
-				if err := e.markAmbiguous(ctx, cp, p.markAmbiguous); err != nil {
+			for _, key := range p.markAmbiguous {
+				if err := e.markAmbiguous(ctx, cp, key); err != nil {
 					p.err = err
 				}
 			}

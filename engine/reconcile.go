@@ -435,7 +435,7 @@ func (e *Engine) transitionOne(ctx context.Context, ent kv.Entry, cause string, 
 	p.sends = newDispatches(cp, next)
 	p.dispatch = len(p.sends) > 0
 	if next.Status == schemas.JobNeedsReconciliation && cp.Status != schemas.JobNeedsReconciliation && next.Blocked != nil {
-		p.markAmbiguous = next.Blocked.EffectKey
+		p.markAmbiguous = []string{next.Blocked.EffectKey}
 	}
 	e.storeOutboxes(ctx, []*plan{p})
 	if p.err != nil {

@@ -29,6 +29,9 @@ type Fan struct {
 	// Decided: the join has its outcome and waits only for the branches
 	// it lets finish (Join.Others wait).
 	Decided bool `json:"decided,omitempty"`
+	// Blocked are the items and branches whose effect may have happened,
+	// each waiting for a person; the job's Blocked names the first.
+	Blocked []Blocked `json:"blocked,omitempty"`
 	// Outputs are map item outputs not yet in a chunk; Chunks hold the
 	// others, each a JSON array of FanOutput, in the value store.
 	Outputs []FanOutput `json:"outputs,omitempty"`
@@ -115,6 +118,7 @@ func (f *Fan) Clone() *Fan {
 		c.Running[i] = &dd
 	}
 	c.Failed = append([]FanFail(nil), f.Failed...)
+	c.Blocked = append([]Blocked(nil), f.Blocked...)
 	c.Outputs = append([]FanOutput(nil), f.Outputs...)
 	c.Chunks = append([]FanChunk(nil), f.Chunks...)
 	return &c

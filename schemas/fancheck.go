@@ -91,6 +91,23 @@ func checkFans(d *Definition) []Problem {
 			if len(s.With) > 0 {
 				add(base+"/with", "a parallel step has no settings of its own; its branches do")
 			}
+			if b, dup := savedBy[s.SaveAs]; s.SaveAs != "" && dup {
+				add(base+"/save_as", "the parallel step and its branch %q both write state.%s", b, s.SaveAs)
+			}
+		}
+		if s.Kind == KindWorkflow {
+			if cs, err := ChildOf(&d.Steps[i]); err == nil {
+				if cs.Workflow == d.Name {
+					add(base+"/with/workflow", "a workflow step cannot start its own workflow %q: each child would start another, without end", d.Name)
+				}
+				if cs.Input != "" {
+					if sh := statePathShape(d, cs.Input); sh != nil && sh.Type != "" && sh.Type != "object" {
+						add(base+"/with/input", "state.%s is %s by the workflow's schema; a child's input is an object", cs.Input, sh.Type)
+					}
+				}
+			} else {
+				add(base+"/with", "%v", err)
+			}
 		}
 		if f := s.ForEach; f != nil {
 			if s.Kind == KindWorkflow {

@@ -27,7 +27,15 @@ type Caller struct {
 	Step    string `json:"step"`
 	Attempt int    `json:"attempt"`
 	MsgID   string `json:"msg_id"`
+	// Depth is how deep the child is: 1 for a job's child, 2 for its
+	// grandchild; at most MaxChildDepth.
+	Depth int `json:"depth,omitempty"`
 }
+
+// MaxChildDepth bounds the nesting of child jobs: a workflow that starts
+// itself through others fails its step at this depth instead of starting
+// jobs without end.
+const MaxChildDepth = 8
 
 // StepMessage is one attempt of one step, sent to a worker pool on the work
 // stream with Nats-Msg-Id = StepMsgID(Job, Step, Attempt).

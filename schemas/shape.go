@@ -333,6 +333,28 @@ func StateShape(def *Definition) *Shape {
 	for i := range def.Steps {
 		step := &def.Steps[i]
 		out := ShapeOf(step.OutputSchema)
+		switch {
+		case step.Kind == KindParallel:
+			// Its output is the join's record; its branches save their own.
+			str := &Shape{Type: "array", Items: &Shape{Type: "string"}}
+			out = &Shape{Type: "object", Closed: true,
+				Properties: map[string]*Shape{"completed": str, "failed": str, "cancelled": str},
+				Required:   map[string]bool{"completed": true, "failed": true, "cancelled": true}}
+			if step.SaveAs == "" {
+				continue
+			}
+		case step.Kind == KindWorkflow:
+			out = nil // the child's final state
+		case step.ForEach != nil:
+			// The outputs in input order; under collect, with the errors.
+			list := &Shape{Type: "array", Items: out}
+			out = list
+			if step.ForEach.Collects() {
+				out = &Shape{Type: "object", Closed: true,
+					Properties: map[string]*Shape{"results": list, "errors": {Type: "array"}},
+					Required:   map[string]bool{"results": true, "errors": true}}
+			}
+		}
 		if step.SaveAs != "" {
 			add(step.SaveAs, out)
 			continue

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -829,6 +830,10 @@ func (c *Client) waiting(ctx context.Context, rec *schemas.EffectRecord) (jobs [
 			jobs = append(jobs, job)
 		case status == schemas.JobRunning && cp.Current != nil && cp.Current.EffectKey == rec.Key:
 			jobs = append(jobs, job)
+		case status == schemas.JobNeedsReconciliation && cp.Fan != nil && slices.ContainsFunc(cp.Fan.Blocked, func(b schemas.Blocked) bool { return b.EffectKey == rec.Key }):
+			jobs = append(jobs, job) // another item or branch of its fan
+		case cp.Fan != nil && slices.ContainsFunc(cp.Fan.Running, func(d *schemas.Dispatch) bool { return d.EffectKey == rec.Key }):
+			jobs = append(jobs, job) // an item or branch in flight
 		default:
 			desc := string(cp.Status)
 			if cp.Error != nil {

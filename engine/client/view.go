@@ -69,9 +69,7 @@ func newFanView(cp *schemas.Checkpoint) *FanView {
 			v.Retrying++
 		}
 	}
-	if cp.Blocked != nil {
-		v.Blocked = 1
-	}
+	v.Blocked = len(f.Blocked)
 	if kind == "map" {
 		v.Pending = f.Total - f.Next
 	}

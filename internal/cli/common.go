@@ -426,3 +426,16 @@ func storeChildren(ctx context.Context, st *kv.Store, path string, children map[
 	}
 	return nil
 }
+
+// asWarnings turns check's problems into warnings, for what the process
+// cannot decide (no store to look in).
+func asWarnings(check schemas.CheckFunc) schemas.CheckFunc {
+	return func(def *schemas.Definition) []schemas.Problem {
+		ps := check(def)
+		for i := range ps {
+			ps[i].Warning = true
+			ps[i].Message += " (engine run and engine start refuse it unless it is stored; validate has no store to look in)"
+		}
+		return ps
+	}
+}

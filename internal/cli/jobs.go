@@ -309,6 +309,7 @@ func newHistoryCmd(g *globals) *cobra.Command {
 
 func newValidateCmd(g *globals) *cobra.Command {
 	var input string
+	var childFiles []string
 	var strict bool
 	var sf stepFlags
 	cmd := &cobra.Command{
@@ -329,11 +330,23 @@ warnings, printed to stderr. Exit status: 0 valid (warnings included, unless
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
-			for _, w := range def.Warnings() {
+			children, err := loadChildren(childFiles, env, sf.allowKinds)
+			if err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			warnings := def.Warnings()
+			// Without a store, a child workflow that is not a --child file
+			// cannot be checked: a warning (run and start refuse it unless
+			// it is stored).
+			given := func(name string) bool { _, ok := children[name]; return ok }
+			if cd, err := schemas.Load(args[0], schemas.LoadOptions{Checks: []schemas.CheckFunc{asWarnings(childCheck(given))}}); err == nil {
+				warnings = append(warnings, cd.Warnings()...)
+			}
+			for _, w := range warnings {
 				fmt.Fprintln(g.stderr, w.Format(args[0]))
 			}
-			if strict && len(def.Warnings()) > 0 {
-				return &ExitError{Code: 2, Err: fmt.Errorf("%s: %s (--strict)", args[0], plural(len(def.Warnings()), "warning", "warnings"))}
+			if strict && len(warnings) > 0 {
+				return &ExitError{Code: 2, Err: fmt.Errorf("%s: %s (--strict)", args[0], plural(len(warnings), "warning", "warnings"))}
 			}
 			if input != "" {
 				in, err := readInput(input, cmd.InOrStdin())
@@ -345,7 +358,7 @@ warnings, printed to stderr. Exit status: 0 valid (warnings included, unless
 				}
 			}
 			warned := ""
-			if n := len(def.Warnings()); n > 0 {
+			if n := len(warnings); n > 0 {
 				warned = ", " + plural(n, "warning", "warnings")
 			}
 			fmt.Fprintf(g.stdout, "%s: ok (%s v%d, %s, definition %s%s)\n", args[0], def.Name, def.Version, plural(len(def.Steps), "step", "steps"), def.Hash[:12], warned)
@@ -354,6 +367,7 @@ warnings, printed to stderr. Exit status: 0 valid (warnings included, unless
 	}
 	cmd.Flags().StringVarP(&input, "input", "i", "", "also check this input against the input schema")
 	cmd.Flags().BoolVar(&strict, "strict", false, "treat warnings as errors (exit status 2)")
+	cmd.Flags().StringArrayVar(&childFiles, "child", nil, "a workflow file that workflow steps start as child jobs (repeatable); others are warned about")
 	cmd.Flags().StringArrayVar(&sf.allowKinds, "allow-kind", nil, "a step kind only remote workers know (repeatable)")
 	return cmd
 }

@@ -292,3 +292,24 @@ func TestGroupCommitDefault(t *testing.T) {
 		closeStore()
 	}
 }
+
+// TestValidateWarnsOfAChildItCannotSee: validate has no store, so a
+// workflow step whose workflow is not a --child file is a warning (exit 2
+// under --strict); with the child given there is nothing to warn about.
+func TestValidateWarnsOfAChildItCannotSee(t *testing.T) {
+	t.Parallel()
+	root := testsupport.ModuleRoot()
+	wf := filepath.Join(root, "examples/research/workflow.yaml")
+	child := filepath.Join(root, "examples/research/file-report.yaml")
+	_, errOut, code := execute(t, "validate", wf)
+	if code != 0 || !strings.Contains(errOut, `steps[4].with.workflow: workflow "file-report" is not stored, and no --child file defines it`) {
+		t.Errorf("without --child: exit %d\n%s", code, errOut)
+	}
+	if _, _, code := execute(t, "validate", wf, "--strict"); code != 2 {
+		t.Errorf("without --child, --strict: exit %d, want 2", code)
+	}
+	out, errOut, code := execute(t, "validate", wf, "--child", child, "--strict")
+	if code != 0 || errOut != "" || !strings.Contains(out, "ok (research-digest v1, 5 steps") {
+		t.Errorf("with --child: exit %d\n%s%s", code, out, errOut)
+	}
+}
