@@ -89,7 +89,7 @@ func CheckStartSize(def *Definition, req *StartRequest, pending *Checkpoint, lim
 	// said to fit must fit.
 	fits = max(fits-1024, 0) / 1024 * 1024
 	return &Error{Code: CodeTooLarge, Job: pending.JobID, Message: fmt.Sprintf(
-		"input is %d bytes: %s would be %d bytes, over the limit of %d (%s); an input of up to about %d bytes fits. Keep large values elsewhere and references in the input",
+		"input is %d bytes: %s would be %d bytes, over the limit of %d (%s); an input of up to about %d bytes fits. Members longer than the value threshold (WAYMARK_VALUE_THRESHOLD) are stored apart and do not count: keep large values in members of their own",
 		in, over.what, over.size, over.limit, over.setting, fits)}
 }
 
