@@ -222,3 +222,24 @@ func TestChildJobsNestAtMostEightDeep(t *testing.T) {
 		t.Errorf("children started: %d, want %d", n, schemas.MaxChildDepth)
 	}
 }
+
+// TestParentShowsAChildWaitingForAPerson: a child that stops in
+// needs_reconciliation is shown on its parent's record, with the effect.
+func TestParentShowsAChildWaitingForAPerson(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	b.worker(func(sm *schemas.StepMessage) (json.RawMessage, *schemas.Error) {
+		return nil, &schemas.Error{Code: schemas.CodeAmbiguous, Message: "the provider did not say"}
+	})
+	b.storeDef("name: mailer\nversion: 1\nsteps:\n  - {id: send, kind: noop, effect: unsafe, save_as: sent}\n")
+	parent := b.define("name: boss\nversion: 1\nsteps:\n  - {id: call, kind: workflow, with: {workflow: mailer}, save_as: r}\n")
+	id := b.start(parent, `{}`, "boss-1")
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		v, err := b.client.Job(context.Background(), id)
+		return err == nil && v.WaitingChild != nil
+	}, "the parent never showed its waiting child")
+	v, _ := b.client.Job(context.Background(), id)
+	if w := v.WaitingChild; v.Status != schemas.JobRunning || w.Status != schemas.JobNeedsReconciliation || w.Blocked == nil || w.Blocked.Step != "send" {
+		t.Fatalf("parent %s, waiting child %+v", v.Status, w)
+	}
+}

@@ -333,6 +333,21 @@ func (c *Client) view(ctx context.Context, cp *schemas.Checkpoint, def *schemas.
 			}
 		}
 	}
+	// A child this job waits for that waits for a person.
+	var waiting []string
+	for _, d := range cp.Dispatches() {
+		if d.Child != "" {
+			waiting = append(waiting, d.Child)
+		}
+	}
+	for _, child := range waiting {
+		if ent, err := c.store.Checkpoints.Get(ctx, child); err == nil {
+			if st := ent.Checkpoint.Status; st.Stopped() && !st.Terminal() {
+				v.WaitingChild = &ChildWait{Job: child, Status: st, Blocked: ent.Checkpoint.Blocked}
+				break
+			}
+		}
+	}
 	// The state as the job's steps see it: values kept by reference are
 	// read back (a value that cannot be read leaves its reference).
 	if schemas.HasRefs(v.State) && c.store.Values != nil {

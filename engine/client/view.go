@@ -31,12 +31,23 @@ type JobView struct {
 	// ParentJob is the job whose workflow step started this one as a child
 	// job (its step in ParentStep); Children are the child jobs this job's
 	// workflow steps started, oldest run first.
-	ParentJob   string     `json:"parent_job,omitempty"`
-	ParentStep  string     `json:"parent_step,omitempty"`
-	Children    []string   `json:"children,omitempty"`
-	CreatedAt   time.Time  `json:"created_at"`
-	UpdatedAt   time.Time  `json:"updated_at"`
-	CompletedAt *time.Time `json:"completed_at,omitempty"`
+	ParentJob  string   `json:"parent_job,omitempty"`
+	ParentStep string   `json:"parent_step,omitempty"`
+	Children   []string `json:"children,omitempty"`
+	// WaitingChild is a child job this job waits for that has stopped for
+	// a person (needs_reconciliation, blocked, quarantined): the job goes on
+	// only once it ends. Filled by Client.Job and Wait.
+	WaitingChild *ChildWait `json:"waiting_child,omitempty"`
+	CreatedAt    time.Time  `json:"created_at"`
+	UpdatedAt    time.Time  `json:"updated_at"`
+	CompletedAt  *time.Time `json:"completed_at,omitempty"`
+}
+
+// ChildWait is a stopped child job a parent waits for.
+type ChildWait struct {
+	Job     string            `json:"job"`
+	Status  schemas.JobStatus `json:"status"`
+	Blocked *schemas.Blocked  `json:"blocked,omitempty"` // the effect it waits on
 }
 
 // FanView is a parallel or map step in flight: its branches or items

@@ -172,6 +172,13 @@ func printView(w io.Writer, v *client.JobView) {
 	for _, c := range v.Children {
 		fmt.Fprintf(w, "child     %s\n", c)
 	}
+	if cw := v.WaitingChild; cw != nil {
+		fmt.Fprintf(w, "waits on  child %s, which is %s", cw.Job, cw.Status)
+		if cw.Blocked != nil {
+			fmt.Fprintf(w, " (effect %s of step %s)", cw.Blocked.EffectKey, cw.Blocked.Step)
+		}
+		fmt.Fprintln(w)
+	}
 	if f := v.Fan; f != nil {
 		fmt.Fprintf(w, "%-9s %s: %d %s, %d completed, %d running (%d retrying), %d failed", f.Kind, f.Step, f.Total, map[string]string{"map": "items", "parallel": "branches"}[f.Kind], f.Completed, f.Running, f.Retrying, f.Failed)
 		if f.Pending > 0 {
