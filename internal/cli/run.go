@@ -487,7 +487,11 @@ func printEvent(w io.Writer, h schemas.HistoryEvent) {
 		if d.ExternalID != "" {
 			ext = " (" + d.ExternalID + ")"
 		}
-		fmt.Fprintf(w, "  %-20s attempt %-3d effect %s%s\n", d.Step, d.Attempt, strings.TrimPrefix(h.Type, "dev.waymark.effect."), ext)
+		step := d.Step
+		if i := strings.LastIndex(d.EffectKey, "/"+d.Step+"/"); i >= 0 && !strings.HasPrefix(d.EffectKey[i+len(d.Step)+2:], "run-") {
+			step += "[" + d.EffectKey[i+len(d.Step)+2:] + "]" // a map item, by name
+		}
+		fmt.Fprintf(w, "  %-20s attempt %-3d effect %s%s\n", step, d.Attempt, strings.TrimPrefix(h.Type, "dev.waymark.effect."), ext)
 	case schemas.EventJobFailed:
 		msg := ""
 		if d.Error != nil {
