@@ -619,3 +619,33 @@ func TestInputFileWithAByteOrderMark(t *testing.T) {
 		t.Fatalf("readInput = %s, %v; want the JSON without the mark", got, err)
 	}
 }
+
+// TestRunStopsWhenItsChildWaitsForAPerson: a child job whose unsafe call
+// timed out stops in needs_reconciliation; engine run of the parent exits
+// 3 naming the child and the effect, instead of waiting for ever.
+func TestRunStopsWhenItsChildWaitsForAPerson(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select { // slower than the step's timeout
+		case <-release:
+		case <-time.After(5 * time.Second):
+		}
+		_, _ = w.Write([]byte(`{}`))
+	}))
+	defer srv.Close()
+	defer close(release)
+	dir := t.TempDir()
+	parent := filepath.Join(dir, "parent.yaml")
+	child := filepath.Join(dir, "child.yaml")
+	if err := os.WriteFile(parent, []byte("name: parent\nversion: 1\nsteps:\n  - {id: call, kind: workflow, with: {workflow: mailer}, save_as: r}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(child, []byte("name: mailer\nversion: 1\nsteps:\n  - id: send\n    kind: http\n    effect: unsafe\n    timeout: 500ms\n    retry: {max_attempts: 1}\n    with: {method: POST, url: '"+srv.URL+"/send', body: {to: x}}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, code := execute(t, "run", parent, "--child", child, "--data-dir", filepath.Join(dir, "data"), "--sync", "interval", "--timeout", "60s")
+	if code != 3 || !strings.Contains(errOut, "waits on its child job") || !strings.Contains(errOut, "needs_reconciliation") || !strings.Contains(errOut, "/send") {
+		t.Fatalf("exit %d, want 3 naming the waiting child and its effect\n%s", code, errOut)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -364,13 +365,47 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 		}
 	}
 	start := time.Now()
+	// A child job that stops for a person leaves this job running: watch
+	// for it, and stop following as for a job of its own that needs one.
+	tctx := wctx // with the --timeout
+	wctx, stopFollow := context.WithCancel(tctx)
+	defer stopFollow()
+	var waiting atomic.Pointer[client.ChildWait]
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case <-tick.C:
+				if v, err := cl.Job(wctx, res.JobID); err == nil && v.WaitingChild != nil {
+					waiting.Store(v.WaitingChild)
+					stopFollow()
+					return
+				}
+			}
+		}
+	}()
 	view, err := cl.Wait(wctx, res.JobID, func(h schemas.HistoryEvent) {
 		if text {
 			printEvent(out, h)
 		}
 	})
+	stopFollow()
+	<-watched
+	if cw := waiting.Load(); err != nil && cw != nil && ctx.Err() == nil {
+		key := ""
+		if cw.Blocked != nil {
+			key = cw.Blocked.EffectKey
+		}
+		return &ExitError{Code: 3, Err: fmt.Errorf("job %s waits on its child job %s, which is %s: the outcome of effect %s is unknown. Find out whether it happened, then %s; the job goes on once its child ends",
+			res.JobID, cw.Job, cw.Status, key, resolveHint(g, f, key, len(st.services) > 0))}
+	}
 	if err != nil {
-		if ctx.Err() != nil || wctx.Err() != nil {
+		if ctx.Err() != nil || tctx.Err() != nil {
 			why := "interrupted"
 			if ctx.Err() == nil {
 				why = fmt.Sprintf("--timeout %v passed", f.timeout)
