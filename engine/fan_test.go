@@ -800,3 +800,30 @@ func TestMapWhoseLastOutputFillsAChunk(t *testing.T) {
 		}
 	}
 }
+
+// TestMapItemTooLargeForAMessageFails: an item whose step message would
+// be over the message limit fails on its own, naming the sizes; under
+// collect the map goes on.
+func TestMapItemTooLargeForAMessageFails(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{kv: kv.Config{MaxMessageBytes: 64 << 10, MaxValueBytes: 1 << 20}})
+	b.worker(func(sm *schemas.StepMessage) (json.RawMessage, *schemas.Error) { return json.RawMessage(`"ok"`), nil })
+	def := b.define("name: fat\nversion: 1\nsteps:\n  - id: m\n    kind: noop\n    for_each: {items: xs, on_item_error: collect}\n    save_as: rs\n")
+	input := fmt.Sprintf(`{"xs": ["a", %q, "c"]}`, strings.Repeat("b", 70<<10))
+	v := b.wait(b.start(def, input, "fat-1"))
+	var st struct {
+		Rs struct {
+			Results []any `json:"results"`
+			Errors  []struct {
+				Index int            `json:"index"`
+				Error *schemas.Error `json:"error"`
+			} `json:"errors"`
+		} `json:"rs"`
+	}
+	if err := json.Unmarshal(v.State, &st); err != nil || v.Status != schemas.JobCompleted {
+		t.Fatalf("status %s error %+v (%v)", v.Status, v.Error, err)
+	}
+	if len(st.Rs.Errors) != 1 || st.Rs.Errors[0].Index != 1 || st.Rs.Errors[0].Error.Code != schemas.CodeTooLarge || !strings.Contains(st.Rs.Errors[0].Error.Message, "step message is") {
+		t.Fatalf("errors %+v", st.Rs.Errors)
+	}
+}

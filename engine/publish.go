@@ -72,6 +72,17 @@ func (e *Engine) startPublish(ctx context.Context, ps []*plan) *settlement {
 					continue
 				}
 				m, err := e.stepMessage(cp, d)
+				if errors.Is(err, schemas.ErrTooLarge) && cp.Fan != nil {
+					// A fan's item or branch whose message cannot be sent
+					// fails on its own (a map under collect goes on), with the
+					// sizes: it is answered in its place.
+					res := &schemas.StepResult{Job: cp.JobID, Step: d.Step, Attempt: d.Attempt, Item: d.Item,
+						Error: &schemas.Error{Code: schemas.CodeTooLarge, Message: schemas.AsError(err).Message + " (the item and the state without the list)"}}
+					err = e.sendResult(ctx, res, d.MsgID)
+					if err == nil {
+						continue
+					}
+				}
 				if err == nil {
 					var f jetstream.PubAckFuture
 					if f, err = e.store.PublishAsync(m); err == nil {

@@ -128,6 +128,8 @@ func checkFans(d *Definition) []Problem {
 					add(base+"/for_each/key", "%v", err)
 				} else if !readsItem(t.Tree.Root) {
 					add(base+"/for_each/key", "key %q reads neither .item nor .index, so every item would get the same key", f.Key)
+				} else if other := readsOther(t.Tree.Root); other != "" {
+					add(base+"/for_each/key", "key %q reads .%s; a key sees only .item and .index", f.Key, other)
 				}
 			}
 		}
@@ -154,6 +156,56 @@ func statePathShape(d *Definition, path string) *Shape {
 		}
 	}
 	return sh
+}
+
+// readsOther returns the first top-level field a template tree reads
+// besides item and index; "" when none.
+func readsOther(n parse.Node) string {
+	var found string
+	var walk func(parse.Node)
+	walk = func(n parse.Node) {
+		if found != "" || n == nil {
+			return
+		}
+		switch n := n.(type) {
+		case *parse.ListNode:
+			if n != nil {
+				for _, c := range n.Nodes {
+					walk(c)
+				}
+			}
+		case *parse.ActionNode:
+			walk(n.Pipe)
+		case *parse.PipeNode:
+			if n != nil {
+				for _, c := range n.Cmds {
+					walk(c)
+				}
+			}
+		case *parse.CommandNode:
+			for _, a := range n.Args {
+				walk(a)
+			}
+		case *parse.FieldNode:
+			if len(n.Ident) > 0 && n.Ident[0] != "item" && n.Ident[0] != "index" {
+				found = n.Ident[0]
+			}
+		case *parse.IfNode:
+			walk(n.Pipe)
+			walk(n.List)
+			walk(n.ElseList)
+		case *parse.RangeNode:
+			walk(n.Pipe)
+			walk(n.List)
+			walk(n.ElseList)
+		case *parse.WithNode:
+			walk(n.Pipe)
+			walk(n.List)
+			walk(n.ElseList)
+		}
+	}
+	walk(n)
+	return found
 }
 
 // readsItem reports whether a template tree reads .item or .index.

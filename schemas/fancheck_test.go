@@ -62,6 +62,11 @@ func TestParseRefusesBadFans(t *testing.T) {
 			at:   "for_each:", path: "/steps/0/for_each/key", msg: "reads neither .item nor .index, so every item would get the same key",
 		},
 		{
+			name: "a map item key reading the state",
+			src:  head + "  - id: m\n    kind: noop\n    save_as: out\n    for_each: {items: docs, key: \"{{.state.p}}-{{.index}}\"}\n",
+			at:   "for_each:", path: "/steps/0/for_each/key", msg: "reads .state; a key sees only .item and .index",
+		},
+		{
 			name: "a map without save_as",
 			src:  head + "  - id: m\n    kind: noop\n    for_each: {items: docs}\n",
 			at:   "- id: m", path: "/steps/0/save_as", msg: "a for_each step needs save_as",

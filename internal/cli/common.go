@@ -404,8 +404,12 @@ func loadChildren(paths []string, env *steps.Env, allowKinds []string) (map[stri
 // error names the file, line and path of a step whose workflow is
 // missing.
 func storeChildren(ctx context.Context, st *kv.Store, path string, children map[string]*schemas.Definition) error {
+	main, err := schemas.Load(path, schemas.LoadOptions{})
+	if err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
 	known := func(name string) bool {
-		if _, ok := children[name]; ok {
+		if _, ok := children[name]; ok || name == main.Name {
 			return true
 		}
 		_, err := st.Definitions.Latest(ctx, name)
