@@ -296,8 +296,13 @@ func mergeResult(c *compiled, cp *schemas.Checkpoint, idx int, output json.RawMe
 		output = json.RawMessage("null")
 	}
 	if schemas.HasRefs(output) {
-		if refs, _ := schemas.FindRefs(output); len(refs) > 0 {
-			return nil, nil, nil, schemas.Errorf(schemas.CodeOutputInvalid, "output holds a %s reference; only the engine makes those", schemas.ValueRefMember)
+		// References the job owns (a child job's large members, stored
+		// under this job's name) are taken; any other is refused.
+		refs, _ := schemas.FindRefs(output)
+		for _, r := range refs {
+			if !c.env.owns(cp, r) {
+				return nil, nil, nil, schemas.Errorf(schemas.CodeOutputInvalid, "output holds a %s reference to a value job %s does not have", schemas.ValueRefMember, cp.JobID)
+			}
 		}
 	}
 	var outDoc any

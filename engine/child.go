@@ -123,8 +123,23 @@ func (e *Engine) notifyCaller(ctx context.Context, cp *schemas.Checkpoint, c *sc
 				return fmt.Errorf("child job %s: read its output: %w", cp.JobID, err)
 			}
 		}
-		if limit := int(e.store.Config.MaxMessageBytes) - schemas.StepMessageRoom; len(out) > limit {
-			res.Error = &schemas.Error{Code: schemas.CodeTooLarge, Message: fmt.Sprintf("child job %s completed with a state of %d bytes; a result carries at most %d", cp.JobID, len(out), limit)}
+		limit := int(e.store.Config.MaxMessageBytes) - schemas.StepMessageRoom
+		if len(out) > limit && e.store.Values != nil {
+			// Its large members go to the parent by reference: stored again
+			// under the parent's name, so that the parent owns them.
+			pent, err := e.store.Checkpoints.Get(ctx, c.Job)
+			if err != nil {
+				return fmt.Errorf("child job %s: read its parent %s: %w", cp.JobID, c.Job, err)
+			}
+			owner := pent.Checkpoint.MsgPrefix()
+			if ext, err := schemas.ExternalizeMembers(out, e.store.Config.ValueThreshold, func(v []byte) (schemas.ValueRef, error) {
+				return e.store.Values.Put(ctx, owner, v)
+			}); err == nil {
+				out = ext
+			}
+		}
+		if len(out) > limit {
+			res.Error = &schemas.Error{Code: schemas.CodeTooLarge, Message: fmt.Sprintf("child job %s completed with a state of %d bytes; a result carries at most %d, its members over the value threshold by reference", cp.JobID, len(out), limit)}
 		} else {
 			res.Output = out
 		}

@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -241,5 +243,39 @@ func TestParentShowsAChildWaitingForAPerson(t *testing.T) {
 	v, _ := b.client.Job(context.Background(), id)
 	if w := v.WaitingChild; v.Status != schemas.JobRunning || w.Status != schemas.JobNeedsReconciliation || w.Blocked == nil || w.Blocked.Step != "send" {
 		t.Fatalf("parent %s, waiting child %+v", v.Status, w)
+	}
+}
+
+// TestChildWithALargeStateReturnsItByReference: a child whose final state
+// is over the message limit hands its large members to its parent by
+// reference; a worker's output naming a value the job does not have is
+// refused.
+func TestChildWithALargeStateReturnsItByReference(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	b.worker(func(sm *schemas.StepMessage) (json.RawMessage, *schemas.Error) {
+		if sm.Step == "forge" {
+			return json.RawMessage(schemas.NewValueRef([]byte(`"elsewhere"`)).JSON()), nil
+		}
+		return json.RawMessage(`{}`), nil
+	})
+	b.storeDef("name: holder\nversion: 1\nsteps:\n  - {id: k, kind: noop, save_as: k}\n")
+	parent := b.define("name: big\nversion: 1\nsteps:\n  - {id: call, kind: workflow, with: {workflow: holder, input: payload}, save_as: r}\n")
+	ys := make([]string, 0, 3)
+	for i := range 3 {
+		ys = append(ys, fmt.Sprintf(`"y%d": %q`, i, strings.Repeat(strconv.Itoa(i), 500<<10)))
+	}
+	v := b.wait(b.start(parent, `{"payload": {`+strings.Join(ys, ",")+`}}`, "big-1"))
+	if v.Status != schemas.JobCompleted {
+		t.Fatalf("status %s error %+v", v.Status, v.Error)
+	}
+	r, _ := decodeState(t, v.State)["r"].(map[string]any)
+	if s, _ := r["y2"].(string); len(s) != 500<<10 {
+		t.Fatalf("the child's large member came back as %.60v", r["y2"])
+	}
+	forge := b.define("name: forge\nversion: 1\nsteps:\n  - {id: forge, kind: noop, save_as: f}\n")
+	v = b.wait(b.start(forge, `{}`, "forge-1"))
+	if v.Status != schemas.JobFailed || v.Error == nil || !strings.Contains(v.Error.Message, "a value job forge-1 does not have") {
+		t.Fatalf("forged reference: status %s error %+v", v.Status, v.Error)
 	}
 }

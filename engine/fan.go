@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"slices"
@@ -63,6 +64,20 @@ func (env *fanEnv) keepLarge(cp *schemas.Checkpoint, state json.RawMessage) (jso
 		}
 	}
 	return state, nil
+}
+
+// owns reports whether the value r names is stored for cp's job.
+func (env *fanEnv) owns(cp *schemas.Checkpoint, r schemas.ValueRef) bool {
+	if env.get == nil || !r.Valid() {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := env.get(ctx, cp.MsgPrefix(), r.Digest, r.Bytes)
+	if err != nil && !errors.Is(err, schemas.ErrValueMissing) {
+		panic(fanFault{err}) // a passing fault: the messages are handed back
+	}
+	return err == nil
 }
 
 // resolve returns state with its references replaced by their values, for
