@@ -261,11 +261,13 @@ items:
 	switch {
 	case republish || p.base == nil:
 		p.sends = newDispatches(nil, cp)
-	case cp.Fan != nil && p.base.cp.Fan != nil && p.fresh && p.base.cp.Writer != e.incarnation:
+	case cp.Fan != nil && p.base.cp.Fan != nil && (p.fresh && p.base.cp.Writer != e.incarnation || redeliveredIn(p)):
 		// A fan's checkpoint written by another process, which may have
-		// died before publishing its dispatches: a fan's other results can
-		// come before the message that caused it, so that message cannot
-		// tell. Every dispatch in flight is published again (the dedup ids
+		// died before publishing its dispatches, or a message of the job
+		// delivered again (a publication of this process failed and its
+		// messages were handed back): a fan's other results can come
+		// before the message that caused the checkpoint, so that message
+		// cannot tell. Every dispatch in flight is published again (the dedup ids
 		// make copies within the window harmless, fencing and the ledger
 		// past it).
 		p.sends = newDispatches(nil, cp)
@@ -372,4 +374,14 @@ func unblockJob(cp *schemas.Checkpoint) event {
 	cp.Status, cp.BlockedFrom, cp.BlockedReason = cp.BlockedFrom, "", ""
 	return event{typ: schemas.EventJobUnblocked, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status),
 		Reason: "resolved: " + reason}}
+}
+
+// redeliveredIn reports whether a message of p was delivered before.
+func redeliveredIn(p *plan) bool {
+	for _, it := range p.items {
+		if it.delivered > 1 {
+			return true
+		}
+	}
+	return false
 }
