@@ -296,8 +296,40 @@ func startFan(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, now time.Tim
 	}
 	f.Total = len(l.items)
 	cp.Fan = f
+	listByReference(c, cp, s)
 	ev.data.Reason = fmt.Sprintf("map over %d items, %d at a time", f.Total, s.ForEach.ConcurrencyOf())
 	return append([]event{ev}, progressMap(c, cp, s, now)...)
+}
+
+// listInlineBytes is the size past which a map's list, a top-level state
+// member, is kept by reference while the map runs, whatever the value
+// threshold: every checkpoint of the map would carry it otherwise.
+const listInlineBytes = 4 << 10
+
+// listByReference moves the list of the map starting in cp out of the
+// state into the value store (a reference in its place), when it is a
+// top-level member over listInlineBytes; the items were decoded already.
+func listByReference(c *compiled, cp *schemas.Checkpoint, s *schemas.Step) {
+	if c.env.get == nil || strings.Contains(s.ForEach.Items, ".") {
+		return
+	}
+	ms, err := members(cp.State)
+	if err != nil {
+		return
+	}
+	key, _ := json.Marshal(s.ForEach.Items)
+	for _, m := range ms {
+		if !sameKey(m.key, key) || len(m.value) <= listInlineBytes || schemas.HasRefs(m.value) {
+			continue
+		}
+		v := slices.Clone(m.value)
+		ns, err := setMembers(cp.State, []member{{key: key, value: schemas.NewValueRef(v).JSON()}})
+		if err == nil {
+			cp.Unsaved = append(cp.Unsaved, v)
+			cp.State = ns
+		}
+		return
+	}
 }
 
 // dispatchItem records an attempt of item index (from 0) of the running

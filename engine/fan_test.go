@@ -827,3 +827,35 @@ func TestMapItemTooLargeForAMessageFails(t *testing.T) {
 		t.Fatalf("errors %+v", st.Rs.Errors)
 	}
 }
+
+// TestMapListLeavesTheCheckpointWhileItRuns: a list under the value
+// threshold (2,000 items, about 54 KB) is still kept by reference while
+// the map runs, so no checkpoint of the map carries it (the first one's
+// job.started event holds the input); the client shows it in place.
+func TestMapListLeavesTheCheckpointWhileItRuns(t *testing.T) {
+	t.Parallel()
+	var largest atomic.Int64
+	b := setup(t, setupOptions{engine: Config{OnWrite: func(cp *schemas.Checkpoint) {
+		for _, ev := range cp.Events {
+			if ev.Type == schemas.EventJobStarted {
+				return // the first carries the input, list and all, in job.started
+			}
+		}
+		if n := int64(len(cp.AppendJSON(nil))); n > largest.Load() {
+			largest.Store(n)
+		}
+	}}})
+	b.worker(func(sm *schemas.StepMessage) (json.RawMessage, *schemas.Error) { return json.RawMessage(`1`), nil })
+	def := b.define(mapDocs)
+	v := b.wait(b.start(def, docsInput(2000), "list-ref"))
+	var st struct {
+		Docs    []json.RawMessage `json:"docs"`
+		Doubled []int             `json:"doubled"`
+	}
+	if err := json.Unmarshal(v.State, &st); err != nil || v.Status != schemas.JobCompleted || len(st.Docs) != 2000 || len(st.Doubled) != 2000 {
+		t.Fatalf("status %s, %d docs, %d outputs (%v)", v.Status, len(st.Docs), len(st.Doubled), err)
+	}
+	if n := largest.Load(); n > 24<<10 {
+		t.Errorf("largest checkpoint %d bytes; the list should be by reference", n)
+	}
+}
