@@ -55,8 +55,12 @@ func startJob(c *compiled, cp *schemas.Checkpoint, now time.Time) []event {
 		return append(evs, failJob(cp, err.At(cp.JobID, "", 0), now))
 	}
 	cp.State = state
-	evs := []event{{typ: schemas.EventJobStarted, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status), Input: cp.State}}}
-	return append(evs, enter(c, cp, c.def.StartStep(), now)...)
+	started := event{typ: schemas.EventJobStarted, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status)}}
+	next := enter(c, cp, c.def.StartStep(), now)
+	// The input as the job holds it once started: a map starting at once
+	// keeps its list by reference, in the event too.
+	started.data.Input = cp.State
+	return append([]event{started}, next...)
 }
 
 // enter begins a new run of step: its first dispatch, or for a parallel or
