@@ -215,6 +215,9 @@ func applyResult(c *compiled, cp *schemas.Checkpoint, res *schemas.StepResult, n
 		// attempt. max_steps still bounds how long.
 		ev := redispatch(cp, now, res.Error.Message+": dispatched again later")
 		nb := now.Add(c.def.RetryOf(step).Delay(2))
+		if ms := res.Error.RetryAfterMs; ms > 0 {
+			nb = now.Add(time.Duration(ms) * time.Millisecond) // what the provider said
+		}
 		cp.Current.NotBefore = &nb
 		cp.Steps[res.Step].Status = schemas.StepRetrying
 		ev.data.NotBefore, ev.data.Status = nb, string(schemas.StepRetrying)

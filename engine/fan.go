@@ -543,6 +543,9 @@ func applyItemResult(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, res *
 		nb := time.Time{}
 		if e.Code == schemas.CodeWaiting {
 			nb = now.Add(c.def.RetryOf(s).Delay(2))
+			if e.RetryAfterMs > 0 {
+				nb = now.Add(time.Duration(e.RetryAfterMs) * time.Millisecond)
+			}
 		}
 		ev := dispatchItem(c, cp, s, index, d.Attempt+1, nb, now)
 		f.Running[len(f.Running)-1].RunAttempt = d.RunAttempt
@@ -630,6 +633,9 @@ func applyBranchResult(c *compiled, cp *schemas.Checkpoint, ps *schemas.Step, re
 		cp.Current = nil
 		if e.Code == schemas.CodeWaiting {
 			nb := now.Add(c.def.RetryOf(bs).Delay(2))
+			if e.RetryAfterMs > 0 {
+				nb = now.Add(time.Duration(e.RetryAfterMs) * time.Millisecond)
+			}
 			nd.NotBefore = &nb
 			rec.Status = schemas.StepRetrying
 		}

@@ -859,3 +859,25 @@ func TestMapListLeavesTheCheckpointWhileItRuns(t *testing.T) {
 		t.Errorf("largest checkpoint %d bytes; the list should be by reference", n)
 	}
 }
+
+// TestWaitingWithRetryAfterHoldsTheNextAttempt: a step answered "waiting"
+// with the provider's Retry-After is dispatched again after that long,
+// without using up an attempt of its retry budget.
+func TestWaitingWithRetryAfterHoldsTheNextAttempt(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	def := b.define("name: limited\nversion: 1\ndefaults: {retry: {max_attempts: 1}}\nsteps:\n  - {id: a, kind: noop, save_as: a}\n")
+	id := b.start(def, `{}`, "limited-1")
+	first := b.nextOf(id, ch)
+	sent := time.Now()
+	first.reply(nil, &schemas.Error{Code: schemas.CodeWaiting, Retryable: true, RetryAfterMs: 1500, Message: "rate limited"})
+	again := b.nextOf(id, ch)
+	if again.sm.NotBefore == nil || again.sm.NotBefore.Sub(sent) < 1400*time.Millisecond || again.sm.RunAttempt != first.sm.RunAttempt {
+		t.Fatalf("the next attempt: not before %v (sent %v), run attempt %d (was %d)", again.sm.NotBefore, sent, again.sm.RunAttempt, first.sm.RunAttempt)
+	}
+	again.reply(json.RawMessage(`{}`), nil)
+	if v := b.wait(id); v.Status != schemas.JobCompleted {
+		t.Fatalf("status %s error %+v (max_attempts 1: the wait must not count)", v.Status, v.Error)
+	}
+}

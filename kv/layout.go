@@ -221,6 +221,7 @@ type Names struct {
 	EffectBucket      string // waymark_effects
 	DefinitionBucket  string // waymark_definitions
 	JobsBucket        string // waymark_jobs: the job index
+	LimitsBucket      string // waymark_limits: providers' rate limits, shared by workers
 	ValueBucket       string // waymark_values: object store of large state values
 	WorkStream        string // WAYMARK_WORK
 	InboxStream       string // WAYMARK_INBOX
@@ -241,6 +242,7 @@ func NamesFor(prefix string) Names {
 		DefinitionBucket:  prefix + "_definitions",
 		EffectBucket:      prefix + "_effects",
 		JobsBucket:        prefix + "_jobs",
+		LimitsBucket:      prefix + "_limits",
 		ValueBucket:       prefix + "_values",
 		WorkStream:        up + "_WORK",
 		InboxStream:       up + "_INBOX",
@@ -311,6 +313,7 @@ type Store struct {
 	History     *History // the history stream
 	Queues      *Queues  // facts about the work and inbox queues
 	Values      *Values  // large state values by reference
+	Limits      *Limits  // providers' rate limits, shared by workers
 	log         *slog.Logger
 	// backfill: the job index was made by this Open, over a deployment
 	// that may already hold checkpoints (an upgrade from layout 1).
@@ -550,6 +553,21 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 	}
 	if s.Jobs == nil {
 		s.Jobs = &Jobs{kv: jobs, js: s.JS, names: n}
+	}
+	limits, err := s.ensureBucket(ctx, jetstream.KeyValueConfig{
+		Bucket:       n.LimitsBucket,
+		Description:  "Waymark rate limits: key <provider>.<key digest>, the time before which no worker calls that provider with that key (a 429 or 529's Retry-After)",
+		History:      1,
+		MaxValueSize: 1 << 10,
+		Storage:      s.storage(),
+		Replicas:     c.Replicas,
+		Metadata:     meta,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if s.Limits == nil {
+		s.Limits = &Limits{kv: limits}
 	}
 	queues, recorded, err := s.queueStorage(ctx, defs)
 	if err != nil {

@@ -251,8 +251,8 @@ func TestOpenCreatesLayout(t *testing.T) {
 			t.Errorf("bucket %s: history %d, max value %d, storage %v", bucket, c.MaxMsgsPerSubject, c.MaxMsgSize, c.Storage)
 		}
 	}
-	if got := streamNames(t, b.js); len(got) != 9 {
-		t.Errorf("streams = %v, want 4 streams, 4 buckets and the value bucket", got)
+	if got := streamNames(t, b.js); len(got) != 10 {
+		t.Errorf("streams = %v, want 4 streams, 5 buckets and the value bucket", got)
 	}
 
 	eng := consumerInfo(t, b.js, n.InboxStream, n.EngineConsumer).Config

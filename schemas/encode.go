@@ -351,6 +351,9 @@ func (w *jsonw) error(e *Error) {
 	if e.Retryable {
 		w.boolField("retryable", true)
 	}
+	if e.RetryAfterMs != 0 {
+		w.intField("retry_after_ms", e.RetryAfterMs)
+	}
 	w.close()
 }
 

@@ -65,6 +65,9 @@ type Error struct {
 	Step      string `json:"step,omitempty"`
 	Attempt   int    `json:"attempt,omitempty"`
 	Retryable bool   `json:"retryable,omitempty"` // the step may be attempted again under its retry policy
+	// RetryAfterMs is the provider's Retry-After, in milliseconds: the
+	// attempt that follows a CodeWaiting error is held this long.
+	RetryAfterMs int64 `json:"retry_after_ms,omitempty"`
 
 	cause error
 }

@@ -1,6 +1,7 @@
 package steps
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"text/template"
+	"time"
 
 	"github.com/waymark-dev/waymark/schemas"
 )
@@ -52,6 +54,17 @@ type Env struct {
 	// ProviderURLs overrides a model provider's base URL by provider name
 	// ("anthropic", "openai"): for proxies and tests.
 	ProviderURLs map[string]string
+	// RateLimits is where workers share providers' rate limits (a 429's
+	// Retry-After); nil: each call finds the limit on its own. NewWorker
+	// sets the store's (kv.Limits) when it is nil.
+	RateLimits RateLimits
+}
+
+// RateLimits holds, per provider and API key (name), the time before
+// which no worker calls it. kv.Limits is the JetStream one.
+type RateLimits interface {
+	Until(ctx context.Context, name string) (time.Time, error)
+	Hold(ctx context.Context, name string, until time.Time) error
 }
 
 func (e *Env) getenv(k string) string {

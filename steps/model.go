@@ -3,11 +3,14 @@ package steps
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"text/template"
+	"time"
 
 	"github.com/waymark-dev/waymark/schemas"
 	"github.com/waymark-dev/waymark/steps/providers"
@@ -46,6 +49,7 @@ type modelRunner struct {
 	keySecret, keyEnv string
 	keyRequired       bool   // keyEnv was set when the step was prepared: its absence is an error
 	record            string // cassette file to record live replies into
+	baseURL           string // the live provider's, "" for its public API (names its rate limit)
 }
 
 // defaultKeyEnv is where each provider's API key is read from unless the
@@ -169,6 +173,7 @@ func (modelKind) Prepare(p *Prep) (Runner, error) {
 	}
 	r.keyRequired = r.keyEnv != "" && haveKey
 	cfg := providers.Config{BaseURL: baseURL, HTTPClient: env.HTTPClient}
+	r.baseURL = baseURL
 	switch w.Provider {
 	case providers.Anthropic:
 		r.live = func(key string) providers.Provider { c := cfg; c.APIKey = key; return providers.NewAnthropic(c) }
@@ -210,6 +215,10 @@ func (r *modelRunner) provider(c *Call) (providers.Provider, error) {
 		key = "unused" // local OpenAI-compatible servers ignore it
 	}
 	var p providers.Provider = scrubbingProvider{live: r.live(key), s: c.scrubber()}
+	if r.env != nil && r.env.RateLimits != nil {
+		sum := sha256.Sum256([]byte(r.baseURL + "\x00" + key))
+		p = limitedProvider{live: p, limits: r.env.RateLimits, name: r.w.Provider + "." + hex.EncodeToString(sum[:8])}
+	}
 	if r.record != "" {
 		p = providers.NewRecorder(p, r.record)
 	}
@@ -233,6 +242,43 @@ func (p scrubbingProvider) Complete(ctx context.Context, req providers.Request) 
 		if len(tc.Input) > 0 {
 			tc.Input = json.RawMessage(p.s.json(tc.Input, false))
 		}
+	}
+	return reply, err
+}
+
+// limitedProvider shares a provider's rate limit with every worker: before
+// a call it reads the time the provider (for this key) asked everyone to
+// wait until, and waits instead of calling; a 429 or 529 that says how long
+// to wait (Retry-After) is recorded for all. Either way the attempt ends
+// with CodeWaiting and RetryAfterMs: the engine dispatches it again then,
+// without using up an attempt.
+type limitedProvider struct {
+	live   providers.Provider
+	limits RateLimits
+	name   string // "<provider>.<digest of base URL and key>"
+}
+
+// rateLimited is a call not made, or refused, because of the provider's
+// rate limit: wait until Until.
+type rateLimited struct {
+	until time.Time
+	why   string
+}
+
+func (e *rateLimited) Error() string { return e.why }
+
+func (p limitedProvider) Complete(ctx context.Context, req providers.Request) (providers.Reply, error) {
+	if until, err := p.limits.Until(ctx, p.name); err == nil && time.Now().Before(until) {
+		return providers.Reply{}, &rateLimited{until: until, why: fmt.Sprintf("rate limited: the provider asked every worker to wait until %s", until.Format(time.RFC3339Nano))}
+	}
+	reply, err := p.live.Complete(ctx, req)
+	var pe *providers.Error
+	if errors.As(err, &pe) && (pe.StatusCode == 429 || pe.StatusCode == 529) && pe.RetryAfter > 0 {
+		until := time.Now().Add(pe.RetryAfter)
+		if herr := p.limits.Hold(ctx, p.name, until); herr != nil {
+			return reply, err // unshared: the step retries as for any 429
+		}
+		return reply, &rateLimited{until: until, why: fmt.Sprintf("%s; every worker waits %v (Retry-After)", pe.Error(), pe.RetryAfter)}
 	}
 	return reply, err
 }
@@ -276,6 +322,11 @@ func (r *modelRunner) run(ctx context.Context, c *Call) (any, error) {
 }
 
 func providerError(source string, err error) error {
+	var rl *rateLimited
+	if errors.As(err, &rl) {
+		ms := max(time.Until(rl.until).Milliseconds(), 1)
+		return &schemas.Error{Code: schemas.CodeWaiting, Retryable: true, RetryAfterMs: ms, Message: source + ": " + rl.why}
+	}
 	var pe *providers.Error
 	if errors.As(err, &pe) {
 		return &schemas.Error{Code: schemas.CodeProvider, Retryable: pe.Retryable, Message: source + ": " + err.Error()}

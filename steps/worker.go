@@ -101,6 +101,11 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 	if cfg.Env == nil {
 		cfg.Env = &Env{}
 	}
+	if cfg.Env.RateLimits == nil && cfg.Store != nil && cfg.Store.Limits != nil {
+		env := *cfg.Env // the caller's is left as it is
+		env.RateLimits = cfg.Store.Limits
+		cfg.Env = &env
+	}
 	if cfg.Pool == "" {
 		cfg.Pool = schemas.DefaultPool
 	}

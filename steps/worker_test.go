@@ -466,7 +466,9 @@ func TestWorkerCustomKind(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	if got.Attempt != 4 || got.RunAttempt != 2 || got.IdempotencyKey != "idem-1" || string(got.State) != `{"k": 1}` ||
-		got.Step.ID != "echo" || got.Definition.Hash != b.def.Hash || got.Logger() == nil || got.Env != b.env {
+		got.Step.ID != "echo" || got.Definition.Hash != b.def.Hash || got.Logger() == nil ||
+		// The worker's Env, with the deployment's shared rate limits added.
+		got.Env == nil || got.Env.HTTPClient != b.env.HTTPClient || got.Env.ModelMode != b.env.ModelMode || got.Env.RateLimits == nil {
 		t.Errorf("the kind saw Call %+v", got)
 	}
 }
