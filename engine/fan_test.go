@@ -881,3 +881,16 @@ func TestWaitingWithRetryAfterHoldsTheNextAttempt(t *testing.T) {
 		t.Fatalf("status %s error %+v (max_attempts 1: the wait must not count)", v.Status, v.Error)
 	}
 }
+
+// TestMapItemsDoNotCountAgainstMaxSteps: a map of 30 items runs in a job
+// whose max_steps is 5.
+func TestMapItemsDoNotCountAgainstMaxSteps(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	b.worker(func(sm *schemas.StepMessage) (json.RawMessage, *schemas.Error) { return json.RawMessage(`1`), nil })
+	def := b.define(strings.Replace(mapDocs, "version: 1", "version: 1\nmax_steps: 5", 1))
+	v := b.wait(b.start(def, docsInput(30), "budget-1"))
+	if got, _ := json.Marshal(decodeState(t, v.State)["doubled"]); v.Status != schemas.JobCompleted || strings.Count(string(got), "1") != 30 {
+		t.Fatalf("status %s error %+v outputs %s", v.Status, v.Error, got)
+	}
+}
