@@ -76,6 +76,9 @@ func DecodeCheckpoint(job string, data []byte) (*schemas.Checkpoint, error) {
 	if err := cp.Completed.Validate(); err != nil {
 		return nil, schemas.Errorf(schemas.CodeQuarantined, "checkpoint %s: completed: %v", job, err)
 	}
+	if cp.Fan != nil {
+		cp.Fan.FillIDs(cp.MsgPrefix()) // item dispatches are stored without them
+	}
 	for i := range cp.Events { // stored without their job (schemas.Checkpoint.AppendJSON)
 		if cp.Events[i].Data.Job == "" {
 			cp.Events[i].Data.Job = job
