@@ -151,9 +151,18 @@ func redispatchLost(cp *schemas.Checkpoint, now time.Time) event {
 // redispatch gives cp's current dispatch a new attempt number and message
 // id without using up a retry, for reason.
 func redispatch(cp *schemas.Checkpoint, now time.Time, reason string) event {
-	cur := *cp.Current
+	d, ev := redispatchOf(cp, cp.Current, now, reason)
+	cp.Current = d
+	return ev
+}
+
+// redispatchOf returns a new attempt of d (a dispatch of cp, of a step
+// with a record), with its message id, and its event; the caller puts it
+// where d was.
+func redispatchOf(cp *schemas.Checkpoint, d *schemas.Dispatch, now time.Time, reason string) (*schemas.Dispatch, event) {
+	cur := *d
 	rec := cp.Steps[cur.Step]
-	if rec == nil { // cannot happen: the current step always has a record
+	if rec == nil { // cannot happen: a dispatched step always has a record
 		rec = &schemas.StepRecord{Status: schemas.StepDispatched, Runs: 1, RunAttempt: cur.RunAttempt, Attempts: cur.Attempt}
 		cp.Steps[cur.Step] = rec
 	}
@@ -161,8 +170,7 @@ func redispatch(cp *schemas.Checkpoint, now time.Time, reason string) event {
 	cur.Attempt = rec.Attempts
 	cur.MsgID = schemas.StepMsgID(cp.MsgPrefix(), cur.Step, rec.Attempts)
 	cur.DispatchedAt = now
-	cp.Current = &cur
-	return event{typ: schemas.EventStepDispatched, data: schemas.HistoryData{
+	return &cur, event{typ: schemas.EventStepDispatched, data: schemas.HistoryData{
 		Job: cp.JobID, Step: cur.Step, Attempt: cur.Attempt, Status: string(rec.Status), Reason: reason,
 	}}
 }
@@ -184,6 +192,16 @@ func dispatchOrStop(c *compiled, cp *schemas.Checkpoint, step string, newRun boo
 		return startFan(c, cp, s, now)
 	}
 	return []event{dispatch(c, cp, step, newRun, notBefore, now)}
+}
+
+// waitUntil is when the next attempt of step s follows one answered
+// CodeWaiting by e: after the provider's Retry-After when it gave one, else
+// the retry policy's first delay.
+func waitUntil(c *compiled, s *schemas.Step, e *schemas.Error, now time.Time) time.Time {
+	if e.RetryAfterMs > 0 {
+		return now.Add(time.Duration(e.RetryAfterMs) * time.Millisecond)
+	}
+	return now.Add(c.def.RetryOf(s).Delay(2))
 }
 
 // applyResult applies a step result to cp (a private copy) and returns the
@@ -214,10 +232,7 @@ func applyResult(c *compiled, cp *schemas.Checkpoint, res *schemas.StepResult, n
 		// the same idempotency key): try again later, without using up an
 		// attempt. max_steps still bounds how long.
 		ev := redispatch(cp, now, res.Error.Message+": dispatched again later")
-		nb := now.Add(c.def.RetryOf(step).Delay(2))
-		if ms := res.Error.RetryAfterMs; ms > 0 {
-			nb = now.Add(time.Duration(ms) * time.Millisecond) // what the provider said
-		}
+		nb := waitUntil(c, step, res.Error, now)
 		cp.Current.NotBefore = &nb
 		cp.Steps[res.Step].Status = schemas.StepRetrying
 		ev.data.NotBefore, ev.data.Status = nb, string(schemas.StepRetrying)
@@ -417,17 +432,29 @@ func outcomeUnknown(c *compiled, step *schemas.Step, res *schemas.StepResult) bo
 // blockStep parks the job: the step's effect may have happened, and only a
 // person (engine effects resolve) or a late answer can say whether.
 func blockStep(c *compiled, cp *schemas.Checkpoint, step *schemas.Step, rec *schemas.StepRecord, res *schemas.StepResult, e *schemas.Error) event {
+	b, ev := blockedOf(c, cp, cp.Current, step, rec, res, e)
+	cp.Current = nil
+	cp.Status = schemas.JobNeedsReconciliation
+	cp.Blocked = b
+	ev.data.Status = string(cp.Status)
+	return ev
+}
+
+// blockedOf marks step's record blocked (its effect, the one of res or of
+// d, may have happened) and returns what the job waits on, and its event.
+func blockedOf(c *compiled, cp *schemas.Checkpoint, d *schemas.Dispatch, step *schemas.Step, rec *schemas.StepRecord, res *schemas.StepResult, e *schemas.Error) (*schemas.Blocked, event) {
 	key := res.EffectKey
-	if key == "" && cp.Current != nil {
-		key = cp.Current.EffectKey
+	if key == "" && d != nil {
+		key = d.EffectKey
 	}
 	rec.Status = schemas.StepBlocked
 	rec.LastError = e
-	cp.Current = nil
-	cp.Status = schemas.JobNeedsReconciliation
-	cp.Blocked = &schemas.Blocked{Step: step.ID, EffectKey: key, Class: c.def.EffectOf(step), Reason: e.Message, LastError: e}
-	return event{typ: schemas.EventStepBlocked, data: schemas.HistoryData{
-		Job: cp.JobID, Step: step.ID, Attempt: res.Attempt, Status: string(cp.Status), Error: e, EffectKey: key,
+	b := &schemas.Blocked{Step: step.ID, Item: res.Item, EffectKey: key, Class: c.def.EffectOf(step), Reason: e.Message, LastError: e}
+	if res.Item != 0 && d != nil {
+		b.Attempt = d.Attempt
+	}
+	return b, event{typ: schemas.EventStepBlocked, data: schemas.HistoryData{
+		Job: cp.JobID, Step: step.ID, Attempt: res.Attempt, Item: res.Item, Status: string(schemas.JobNeedsReconciliation), Error: e, EffectKey: key,
 	}}
 }
 

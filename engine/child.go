@@ -61,9 +61,7 @@ func (e *Engine) startChild(ctx context.Context, cp *schemas.Checkpoint, d *sche
 	}
 	state := cp.State
 	if schemas.HasRefs(state) {
-		if state, err = schemas.ResolveRefs(state, func(r schemas.ValueRef) ([]byte, error) {
-			return e.store.Values.Get(ctx, cp.MsgPrefix(), r)
-		}); err != nil {
+		if state, err = e.store.Values.Resolve(ctx, cp.MsgPrefix(), state); err != nil {
 			return fmt.Errorf("job %s: start child %s: read its input: %w", cp.JobID, d.Child, err)
 		}
 	}
@@ -117,9 +115,7 @@ func (e *Engine) notifyCaller(ctx context.Context, cp *schemas.Checkpoint, c *sc
 		out := cp.State
 		if schemas.HasRefs(out) {
 			var err error
-			if out, err = schemas.ResolveRefs(out, func(r schemas.ValueRef) ([]byte, error) {
-				return e.store.Values.Get(ctx, cp.MsgPrefix(), r)
-			}); err != nil {
+			if out, err = e.store.Values.Resolve(ctx, cp.MsgPrefix(), out); err != nil {
 				return fmt.Errorf("child job %s: read its output: %w", cp.JobID, err)
 			}
 		}

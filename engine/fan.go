@@ -542,10 +542,7 @@ func applyItemResult(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, res *
 		f.Remove(s.ID, res.Item)
 		nb := time.Time{}
 		if e.Code == schemas.CodeWaiting {
-			nb = now.Add(c.def.RetryOf(s).Delay(2))
-			if e.RetryAfterMs > 0 {
-				nb = now.Add(time.Duration(e.RetryAfterMs) * time.Millisecond)
-			}
+			nb = waitUntil(c, s, e, now)
 		}
 		ev := dispatchItem(c, cp, s, index, d.Attempt+1, nb, now)
 		f.Running[len(f.Running)-1].RunAttempt = d.RunAttempt
@@ -597,16 +594,9 @@ func applyItemResult(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, res *
 		// The item's effect may have happened: the job waits for a person;
 		// the other items in flight finish meanwhile, none is started.
 		ev.data.Reason = "the item failed for good while its effect may have happened"
-		key := res.EffectKey
-		if key == "" {
-			key = d.EffectKey
-		}
-		rec := stepRecord(c, cp, s.ID)
-		rec.Status, rec.LastError = schemas.StepBlocked, e
-		blockInFan(cp, &schemas.Blocked{Step: s.ID, Item: res.Item, Attempt: d.Attempt, EffectKey: key, Class: c.def.EffectOf(s), Reason: e.Message, LastError: e})
-		return []event{ev, {typ: schemas.EventStepBlocked, data: schemas.HistoryData{
-			Job: cp.JobID, Step: s.ID, Attempt: res.Attempt, Item: res.Item, Status: string(cp.Status), Error: e, EffectKey: key,
-		}}}
+		b, bev := blockedOf(c, cp, d, s, stepRecord(c, cp, s.ID), res, e)
+		blockInFan(cp, b)
+		return []event{ev, bev}
 	case s.ForEach.Collects():
 		f.Failed = append(f.Failed, schemas.FanFail{Index: index, Key: name, Error: e})
 		return append([]event{ev}, progressMap(c, cp, s, now)...)
@@ -627,15 +617,9 @@ func applyBranchResult(c *compiled, cp *schemas.Checkpoint, ps *schemas.Step, re
 	e := res.Error
 	if e != nil && (e.Code == schemas.CodeDefinitionMissing || e.Code == schemas.CodeWaiting) {
 		f.Remove(res.Step, 0)
-		cp.Current = d
-		ev := redispatch(cp, now, e.Message+": dispatched again")
-		nd := cp.Current
-		cp.Current = nil
+		nd, ev := redispatchOf(cp, d, now, e.Message+": dispatched again")
 		if e.Code == schemas.CodeWaiting {
-			nb := now.Add(c.def.RetryOf(bs).Delay(2))
-			if e.RetryAfterMs > 0 {
-				nb = now.Add(time.Duration(e.RetryAfterMs) * time.Millisecond)
-			}
+			nb := waitUntil(c, bs, e, now)
 			nd.NotBefore = &nb
 			rec.Status = schemas.StepRetrying
 		}
@@ -660,11 +644,7 @@ func applyBranchResult(c *compiled, cp *schemas.Checkpoint, ps *schemas.Step, re
 	}
 	e = e.At(cp.JobID, res.Step, res.Attempt)
 	if e.Code == schemas.CodeAmbiguous || (!retryable(c, bs, rec, e) && outcomeUnknown(c, bs, res)) {
-		cp.Current = d
-		held := cp.Blocked
-		ev := blockStep(c, cp, bs, rec, res, e)
-		b := cp.Blocked
-		cp.Blocked = held
+		b, ev := blockedOf(c, cp, d, bs, rec, res, e)
 		blockInFan(cp, b)
 		return []event{{typ: schemas.EventStepFailed, data: schemas.HistoryData{Job: cp.JobID, Step: res.Step, Attempt: res.Attempt, Error: e,
 			Reason: "the branch failed for good while its effect may have happened", EffectKey: res.EffectKey, EffectState: string(res.EffectState)}}, ev}
@@ -833,10 +813,13 @@ func newDispatches(base, next *schemas.Checkpoint) []*schemas.Dispatch {
 	if base == nil || len(ds) == 0 {
 		return slices.Clone(ds)
 	}
-	had := base.Dispatches()
+	had := make(map[string]bool, len(base.Dispatches()))
+	for _, h := range base.Dispatches() {
+		had[h.MsgID] = true
+	}
 	var out []*schemas.Dispatch
 	for _, d := range ds {
-		if !slices.ContainsFunc(had, func(h *schemas.Dispatch) bool { return h.MsgID == d.MsgID }) {
+		if !had[d.MsgID] {
 			out = append(out, d)
 		}
 	}

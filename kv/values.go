@@ -254,6 +254,16 @@ func (v *Values) DeleteOwner(ctx context.Context, owner string, refs []schemas.V
 	return errors.Join(errs...)
 }
 
+// Resolve returns doc with every reference it holds (schemas.ValueRef)
+// replaced by owner's value (schemas.ResolveRefs over Get); doc itself
+// when it holds none. Errors are Get's.
+func (v *Values) Resolve(ctx context.Context, owner string, doc json.RawMessage) (json.RawMessage, error) {
+	if !schemas.HasRefs(doc) {
+		return doc, nil
+	}
+	return schemas.ResolveRefs(doc, func(r schemas.ValueRef) ([]byte, error) { return v.Get(ctx, owner, r) })
+}
+
 // CachedBytes returns the total size, in bytes, of the values in the
 // cache: never more than its bound.
 func (v *Values) CachedBytes() int64 { return v.cache.size() }

@@ -2,7 +2,7 @@ package schemas
 
 import (
 	"fmt"
-	"strings"
+	"slices"
 	"text/template"
 	"text/template/parse"
 )
@@ -126,10 +126,15 @@ func checkFans(d *Definition) []Problem {
 				t, err := template.New(s.ID + ".for_each.key").Option("missingkey=error").Funcs(effectKeyFuncs()).Parse(f.Key)
 				if err != nil {
 					add(base+"/for_each/key", "%v", err)
-				} else if !readsItem(t.Tree.Root) {
-					add(base+"/for_each/key", "key %q reads neither .item nor .index, so every item would get the same key", f.Key)
-				} else if other := readsOther(t.Tree.Root); other != "" {
-					add(base+"/for_each/key", "key %q reads .%s; a key sees only .item and .index", f.Key, other)
+				} else {
+					fields := topFields(t.Tree.Root)
+					other := slices.IndexFunc(fields, func(f string) bool { return f != "item" && f != "index" })
+					switch {
+					case !slices.Contains(fields, "item") && !slices.Contains(fields, "index"):
+						add(base+"/for_each/key", "key %q reads neither .item nor .index, so every item would get the same key", f.Key)
+					case other >= 0:
+						add(base+"/for_each/key", "key %q reads .%s; a key sees only .item and .index", f.Key, fields[other])
+					}
 				}
 			}
 		}
@@ -144,29 +149,15 @@ func statePathShape(d *Definition, path string) *Shape {
 	if len(raw) == 0 {
 		raw = d.InputSchema
 	}
-	sh := ShapeOf(raw)
-	for _, name := range strings.Split(path, ".") {
-		if sh == nil {
-			return nil
-		}
-		if p, ok := sh.Properties[name]; ok {
-			sh = p
-		} else {
-			sh = sh.Additional
-		}
-	}
-	return sh
+	return ShapeOf(raw).At(path)
 }
 
-// readsOther returns the first top-level field a template tree reads
-// besides item and index; "" when none.
-func readsOther(n parse.Node) string {
-	var found string
+// topFields returns the top-level fields a template tree reads ("item"
+// for {{.item.id}}), in the order met.
+func topFields(n parse.Node) []string {
+	var out []string
 	var walk func(parse.Node)
 	walk = func(n parse.Node) {
-		if found != "" || n == nil {
-			return
-		}
 		switch n := n.(type) {
 		case *parse.ListNode:
 			if n != nil {
@@ -187,8 +178,8 @@ func readsOther(n parse.Node) string {
 				walk(a)
 			}
 		case *parse.FieldNode:
-			if len(n.Ident) > 0 && n.Ident[0] != "item" && n.Ident[0] != "index" {
-				found = n.Ident[0]
+			if len(n.Ident) > 0 {
+				out = append(out, n.Ident[0])
 			}
 		case *parse.IfNode:
 			walk(n.Pipe)
@@ -205,48 +196,7 @@ func readsOther(n parse.Node) string {
 		}
 	}
 	walk(n)
-	return found
-}
-
-// readsItem reports whether a template tree reads .item or .index.
-func readsItem(n parse.Node) bool {
-	switch n := n.(type) {
-	case *parse.ListNode:
-		if n == nil {
-			return false
-		}
-		for _, c := range n.Nodes {
-			if readsItem(c) {
-				return true
-			}
-		}
-	case *parse.ActionNode:
-		return readsItem(n.Pipe)
-	case *parse.PipeNode:
-		if n == nil {
-			return false
-		}
-		for _, c := range n.Cmds {
-			if readsItem(c) {
-				return true
-			}
-		}
-	case *parse.CommandNode:
-		for _, a := range n.Args {
-			if readsItem(a) {
-				return true
-			}
-		}
-	case *parse.FieldNode:
-		return len(n.Ident) > 0 && (n.Ident[0] == "item" || n.Ident[0] == "index")
-	case *parse.IfNode:
-		return readsItem(n.Pipe) || readsItem(n.List) || readsItem(n.ElseList)
-	case *parse.RangeNode:
-		return readsItem(n.Pipe) || readsItem(n.List) || readsItem(n.ElseList)
-	case *parse.WithNode:
-		return readsItem(n.Pipe) || readsItem(n.List) || readsItem(n.ElseList)
-	}
-	return false
+	return out
 }
 
 // ParseItemKey parses a for_each key template (text/template,

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"strings"
 )
 
 // Shape is what a JSON Schema guarantees about the values it accepts, in
@@ -118,6 +119,24 @@ func shapeOf(v any, depth int) *Shape {
 		}
 	}
 	return s
+}
+
+// At returns the shape of the member at a dotted path ("batch.docs") of
+// the values s accepts: declared properties, else the shape of other
+// members; nil (any value) when s says nothing of it.
+func (s *Shape) At(path string) *Shape {
+	sh := s
+	for _, name := range strings.Split(path, ".") {
+		if sh == nil {
+			return nil
+		}
+		if p, ok := sh.Properties[name]; ok {
+			sh = p
+		} else {
+			sh = sh.Additional
+		}
+	}
+	return sh
 }
 
 // valuesType infers the type of a schema that lists its values (enum,

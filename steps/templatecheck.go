@@ -229,7 +229,9 @@ func checkTemplates(def *schemas.Definition, i int, state *schemas.Shape) []sche
 		data = templateDataShape(def, state)
 		item := schemas.ShapeOf(s.InputSchema)
 		if item == nil {
-			item = statePathItems(state, s.ForEach.Items)
+			if list := state.At(s.ForEach.Items); list != nil {
+				item = list.Items
+			}
 		}
 		data.Properties["item"] = item
 		data.Properties["index"] = &schemas.Shape{Type: "integer"}
@@ -302,26 +304,6 @@ func matchTokens(toks, pat []string) bool {
 		return matchTokens(toks[1:], pat[1:])
 	}
 	return false
-}
-
-// statePathItems returns the shape of the items of the list at a dotted
-// state path; nil when the state's shape does not say.
-func statePathItems(state *schemas.Shape, path string) *schemas.Shape {
-	sh := state
-	for _, name := range strings.Split(path, ".") {
-		if sh == nil {
-			return nil
-		}
-		if p, ok := sh.Properties[name]; ok {
-			sh = p
-		} else {
-			sh = sh.Additional
-		}
-	}
-	if sh == nil {
-		return nil
-	}
-	return sh.Items
 }
 
 // templateDataShape is the shape of Call.TemplateData for a state shape.

@@ -568,9 +568,7 @@ func (w *Worker) resolveState(ctx context.Context, sm *schemas.StepMessage) (jso
 	if w.store.Values == nil || sm.ValueOwner == "" {
 		return nil, &schemas.Error{Code: schemas.CodeInputInvalid, Message: "the state refers to stored values and the step message names no owner for them"}
 	}
-	state, err := schemas.ResolveRefs(sm.State, func(r schemas.ValueRef) ([]byte, error) {
-		return w.store.Values.Get(ctx, sm.ValueOwner, r)
-	})
+	state, err := w.store.Values.Resolve(ctx, sm.ValueOwner, sm.State)
 	if err != nil {
 		return nil, &schemas.Error{Code: schemas.CodeInputInvalid, Retryable: true, Message: "read the state's stored values: " + err.Error()}
 	}

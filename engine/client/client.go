@@ -351,10 +351,7 @@ func (c *Client) view(ctx context.Context, cp *schemas.Checkpoint, def *schemas.
 	// The state as the job's steps see it: values kept by reference are
 	// read back (a value that cannot be read leaves its reference).
 	if schemas.HasRefs(v.State) && c.store.Values != nil {
-		owner := cp.MsgPrefix()
-		if full, err := schemas.ResolveRefs(v.State, func(r schemas.ValueRef) ([]byte, error) {
-			return c.store.Values.Get(ctx, owner, r)
-		}); err == nil {
+		if full, err := c.store.Values.Resolve(ctx, cp.MsgPrefix(), v.State); err == nil {
 			v.State = full
 		}
 	}

@@ -295,13 +295,7 @@ func printBench(w io.Writer, r *bench.Result) {
 		c.Jobs, c.Steps, c.Kind, c.Concurrency, c.Payload, c.Sync, c.Queues, where, c.Rounds)
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "\twaymark\tfloor\tratio\t")
-	row := func(name string, a, b float64, format string) {
-		ratio := "-"
-		if b > 0 {
-			ratio = fmt.Sprintf("%.2f", a/b)
-		}
-		fmt.Fprintf(tw, "%s\t"+format+"\t"+format+"\t%s\t\n", name, a, b, ratio)
-	}
+	row := func(name string, a, b float64, format string) { ratioRow(tw, name, a, b, format) }
 	row("steps/s", r.StepsPerS, r.FloorStepsPerS, "%.0f")
 	row("step p50 ms", r.StepP50Ms, r.FloorStepP50Ms, "%.3f")
 	row("step p90 ms", r.StepP90Ms, r.FloorStepP90Ms, "%.3f")
@@ -320,6 +314,16 @@ func printBench(w io.Writer, r *bench.Result) {
 	if r.WritesPerCommit > 0 {
 		fmt.Fprintf(w, "group commit: %.1f checkpoint writes per atomic batch\n", r.WritesPerCommit)
 	}
+}
+
+// ratioRow prints a table row of two figures in format and a/b ("-" when
+// b is 0).
+func ratioRow(tw io.Writer, name string, a, b float64, format string) {
+	ratio := "-"
+	if b > 0 {
+		ratio = fmt.Sprintf("%.2f", a/b)
+	}
+	fmt.Fprintf(tw, "%s\t"+format+"\t"+format+"\t%s\t\n", name, a, b, ratio)
 }
 
 // Targets the map and parallel shapes are printed against.
@@ -342,13 +346,7 @@ func printBenchMap(w io.Writer, r *bench.Result, where string) {
 	fmt.Fprintf(w, "baseline in the same rounds: %d chain jobs x %d noop steps, %d in flight\n\n", b.Config.Jobs, b.Config.Steps, b.Config.Concurrency)
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "\tmap\tchain\tratio\t")
-	row := func(name string, a, b float64, format string) {
-		ratio := "-"
-		if b > 0 {
-			ratio = fmt.Sprintf("%.2f", a/b)
-		}
-		fmt.Fprintf(tw, "%s\t"+format+"\t"+format+"\t%s\t\n", name, a, b, ratio)
-	}
+	row := func(name string, a, b float64, format string) { ratioRow(tw, name, a, b, format) }
 	row("steps counted", float64(r.StepsCounted), float64(b.StepsCounted), "%.0f")
 	row("steps/s", r.StepsPerS, b.StepsPerS, "%.0f")
 	row("job p50 ms", r.JobP50Ms, b.JobP50Ms, "%.1f")
