@@ -68,6 +68,8 @@ func startJob(c *compiled, cp *schemas.Checkpoint, now time.Time) []event {
 func enter(c *compiled, cp *schemas.Checkpoint, step string, now time.Time) []event {
 	if s := c.def.Step(step); s != nil && isFan(s) {
 		return startFan(c, cp, s, now)
+	} else if s != nil && isAgent(s) {
+		return startAgent(c, cp, s, now)
 	}
 	return []event{dispatch(c, cp, step, true, time.Time{}, now)}
 }
@@ -190,6 +192,8 @@ func dispatchOrStop(c *compiled, cp *schemas.Checkpoint, step string, newRun boo
 	}
 	if s := c.def.Step(step); newRun && s != nil && isFan(s) {
 		return startFan(c, cp, s, now)
+	} else if newRun && s != nil && isAgent(s) {
+		return startAgent(c, cp, s, now)
 	}
 	return []event{dispatch(c, cp, step, newRun, notBefore, now)}
 }

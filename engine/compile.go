@@ -26,6 +26,8 @@ type compiled struct {
 	keys   []*template.Template // by step index: the idempotency_key template, if any
 	// itemKeys: by step index, the for_each.key template, if any.
 	itemKeys []*template.Template
+	// tools: by step index, an agent step's tool input schemas by name.
+	tools []map[string]*schemas.Validator
 	// env: what fan transitions read besides the checkpoint (the engine's).
 	env *fanEnv
 	// needsDoc reports, by step index, whether deciding after the step
@@ -84,7 +86,7 @@ func Check(def *schemas.Definition) []schemas.Problem {
 			if state == nil {
 				state = exprType(schemas.StateShape(def))
 			}
-			prog, err := expr.Compile(t.When, typedConditionOptions(def, state, schemas.ShapeOf(s.OutputSchema))...)
+			prog, err := expr.Compile(t.When, typedConditionOptions(def, state, schemas.OutputShapeOf(&s))...)
 			switch {
 			case err != nil:
 				ps = append(ps, schemas.Problem{Path: ptr, Message: fmt.Sprintf("condition does not type-check against the declared schemas (state_schema, the step's output_schema, vars): %v", err)})
@@ -157,6 +159,7 @@ func compile(def *schemas.Definition) (*compiled, error) {
 		needsDoc: make([]bool, len(def.Steps)),
 		keys:     make([]*template.Template, len(def.Steps)),
 		itemKeys: make([]*template.Template, len(def.Steps)),
+		tools:    make([]map[string]*schemas.Validator, len(def.Steps)),
 		env:      newFanEnv(),
 	}
 	var err error
@@ -173,6 +176,16 @@ func compile(def *schemas.Definition) (*compiled, error) {
 		c.needsDoc[i] = c.state != nil
 		if c.keys[i], err = schemas.ParseEffectKey(s.ID, s.IdempotencyKey); err != nil {
 			return nil, schemas.Errorf(schemas.CodeDefinitionInvalid, "steps[%d]: %v", i, err)
+		}
+		for j, t := range s.Tools {
+			v, err := schemas.CompileSchema(fmt.Sprintf("steps[%d].tools[%d].input_schema", i, j), t.InputSchema)
+			if err != nil {
+				return nil, err
+			}
+			if c.tools[i] == nil {
+				c.tools[i] = map[string]*schemas.Validator{}
+			}
+			c.tools[i][t.Name] = v
 		}
 		if s.ForEach != nil {
 			if c.itemKeys[i], err = schemas.ParseItemKey(s.ID, s.ForEach.Key); err != nil {

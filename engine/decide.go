@@ -335,11 +335,14 @@ func checkConsistent(c *compiled, cp *schemas.Checkpoint) error {
 	}
 	if f := cp.Fan; f != nil {
 		fs := c.def.Step(f.Step)
-		if fs == nil || !isFan(fs) {
-			return schemas.Errorf(schemas.CodeQuarantined, "checkpoint %s: its fan is of step %q, which definition %s does not have as a parallel or for_each step", cp.JobID, f.Step, short(cp.DefinitionHash))
+		if fs == nil || !(isFan(fs) || isAgent(fs)) || (f.Agent != nil) != isAgent(fs) {
+			return schemas.Errorf(schemas.CodeQuarantined, "checkpoint %s: its fan is of step %q, which definition %s does not have as a parallel, for_each or agent step", cp.JobID, f.Step, short(cp.DefinitionHash))
 		}
 		for _, d := range f.Running {
 			switch {
+			case f.Agent != nil && (d.Step != f.Step || (d.Item > 0 && f.Agent.CallByItem(d.Item) == nil) || cp.Steps[d.Step] == nil):
+				return schemas.Errorf(schemas.CodeQuarantined, "checkpoint %s: its agent step %q runs a dispatch (%s, item %d) it has no call or record for", cp.JobID, f.Step, d.Step, d.Item)
+			case f.Agent != nil: // a turn or tool call of the agent, checked above
 			case d.Item > 0 && (d.Step != f.Step || d.Item > f.Total):
 				return schemas.Errorf(schemas.CodeQuarantined, "checkpoint %s: its fan runs item %d of step %q, beyond the %d items of %q", cp.JobID, d.Item, d.Step, f.Total, f.Step)
 			case d.Item == 0 && (!slices.Contains(fs.Branches, d.Step) || cp.Steps[d.Step] == nil):

@@ -521,6 +521,9 @@ func failFanStep(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, e *schema
 func applyFanResult(c *compiled, cp *schemas.Checkpoint, res *schemas.StepResult, now time.Time) []event {
 	f := cp.Fan
 	fs := c.def.Step(f.Step)
+	if f.Agent != nil {
+		return applyAgentResult(c, cp, fs, res, now)
+	}
 	if res.Item != 0 {
 		return applyItemResult(c, cp, fs, res, now)
 	}
@@ -776,6 +779,9 @@ func resolveInFan(cp *schemas.Checkpoint, key string) (*schemas.Blocked, bool) {
 // map takes more items.
 func resumeFan(c *compiled, cp *schemas.Checkpoint, b *schemas.Blocked, now time.Time) []event {
 	fs := c.def.Step(cp.Fan.Step)
+	if cp.Fan.Agent != nil {
+		return resumeAgent(c, cp, b, now)
+	}
 	if b.Item != 0 {
 		evs := []event{dispatchItem(c, cp, fs, b.Item-1, b.Attempt+1, time.Time{}, now)}
 		if rec := cp.Steps[fs.ID]; rec != nil {
@@ -852,6 +858,9 @@ func (e *Engine) itemMessage(cp *schemas.Checkpoint, d *schemas.Dispatch, sm *sc
 		return err
 	}
 	s := c.def.Step(d.Step)
+	if s != nil && isAgent(s) && cp.Fan != nil && cp.Fan.Agent != nil {
+		return toolCallMessage(cp, d, sm)
+	}
 	if s == nil || s.ForEach == nil || cp.Fan == nil {
 		return fmt.Errorf("job %s: dispatch %s is of a map item, and %q is not a running for_each step", cp.JobID, d.MsgID, d.Step)
 	}
@@ -879,18 +888,44 @@ func (e *Engine) compiledFor(hash string) (*compiled, error) {
 	return e.compiled.get(def)
 }
 
-// dropChunks deletes the chunks of map outputs base referred to and next,
-// now written, does not: the map finished (its outputs are in the state)
-// or failed. Best effort: a chunk left by a crash here stays in the value
-// store (it is small, and named after the job).
+// dropChunks deletes the values of a fan that base referred to and next,
+// now written, does not: chunks of map outputs (the map finished, its
+// outputs are in the state, or failed), an agent's transcript parts that
+// were merged into one, and long tool results of a finished turn. Best
+// effort: a value left by a crash here stays in the value store (it is
+// small, and named after the job).
 func (e *Engine) dropChunks(ctx context.Context, base, next *schemas.Checkpoint) {
-	if base.Fan == nil || len(base.Fan.Chunks) == 0 || e.store.Values == nil {
+	if base.Fan == nil || e.store.Values == nil {
 		return
 	}
 	var drop []schemas.ValueRef
 	for _, ch := range base.Fan.Chunks {
 		if next.Fan == nil || !slices.Contains(next.Fan.Chunks, ch) {
 			drop = append(drop, schemas.ValueRef{Digest: ch.Digest, Bytes: ch.Bytes})
+		}
+	}
+	if a := base.Fan.Agent; a != nil {
+		// Transcript parts merged into one, or of a run that ended, unless
+		// the job keeps them; long tool results of a finished turn.
+		var kept []schemas.TranscriptPart
+		if next.Fan != nil && next.Fan.Agent != nil {
+			kept = next.Fan.Agent.Transcript
+			for _, call := range next.Fan.Agent.Calls {
+				if call.ContentRef != nil {
+					kept = append(kept, *call.ContentRef)
+				}
+			}
+		}
+		old := slices.Clone(a.Transcript)
+		for _, call := range a.Calls {
+			if call.ContentRef != nil {
+				old = append(old, *call.ContentRef)
+			}
+		}
+		for _, p := range old {
+			if !slices.Contains(kept, p) && !slices.Contains(next.Transcripts, p) {
+				drop = append(drop, p.Ref())
+			}
 		}
 	}
 	if len(drop) == 0 {

@@ -360,8 +360,10 @@ func (e *Engine) stepMessage(cp *schemas.Checkpoint, d *schemas.Dispatch) (*nats
 		if err := e.itemMessage(cp, d, &sm); err != nil {
 			return nil, err
 		}
+	} else if cp.Fan != nil && cp.Fan.Agent != nil && d.Step == cp.Fan.Step {
+		agentTurnMessage(cp, &sm)
 	}
-	if schemas.HasRefs(sm.State) {
+	if schemas.HasRefs(sm.State) || sm.Turn > 0 {
 		sm.ValueOwner = cp.MsgPrefix() // the worker reads the values
 	}
 	m := nats.NewMsg(e.store.Names.WorkSubject(d.Pool, cp.JobID))

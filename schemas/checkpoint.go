@@ -109,6 +109,10 @@ type Checkpoint struct {
 	// derived from its id, these are not. Retention sweeps read them.
 	EffectKeys []string `json:"effect_keys,omitempty"`
 
+	// Transcripts are the transcripts of the job's finished agent step
+	// runs, in the value store: kept as long as the job, deleted with it.
+	Transcripts []TranscriptPart `json:"transcripts,omitempty"`
+
 	// Cause is the dedup id of the inbox message that produced this Seq. A
 	// redelivery of that same message means its first handler may have died
 	// before publishing Outbox and Current, so they are published again.

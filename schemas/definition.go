@@ -142,6 +142,14 @@ type Step struct {
 	Join *Join `json:"join,omitempty"`
 	// ForEach runs the step once per item of a list in state (a map).
 	ForEach *ForEach `json:"for_each,omitempty"`
+	// Tools, Limits, Prices and OnLimit are an agent step's (KindAgent):
+	// the tools its model may call, the bounds of a run, the price per
+	// million tokens by model name (or name prefix), and what reaching a
+	// limit does (OnLimitFail, the default, or OnLimitComplete).
+	Tools   []Tool           `json:"tools,omitempty"`
+	Limits  *AgentLimits     `json:"limits,omitempty"`
+	Prices  map[string]Price `json:"prices,omitempty"`
+	OnLimit string           `json:"on_limit,omitempty"`
 }
 
 // Join modes of a parallel step.
@@ -366,7 +374,7 @@ func (d *Definition) EffectOf(s *Step) EffectClass {
 		return s.Effect
 	}
 	switch s.Kind {
-	case KindModel, KindNoop, KindParallel, KindWorkflow:
+	case KindModel, KindNoop, KindParallel, KindWorkflow, KindAgent:
 		return EffectPure
 	case KindHTTP:
 		return EffectIdempotent

@@ -107,6 +107,10 @@ func (cp *Checkpoint) AppendJSON(dst []byte) []byte {
 		}
 		w.b = append(w.b, ']')
 	}
+	if len(cp.Transcripts) > 0 {
+		b, _ := json.Marshal(cp.Transcripts)
+		w.rawField("transcripts", b)
+	}
 	if cp.Cause != "" {
 		w.strField("cause", cp.Cause)
 	}
@@ -427,6 +431,22 @@ func (w *jsonw) historyData(d *HistoryData) {
 	}
 	if d.By != "" {
 		w.strField("by", d.By)
+	}
+	if d.Turn != 0 {
+		w.intField("turn", int64(d.Turn))
+	}
+	if d.Tool != "" {
+		w.strField("tool", d.Tool)
+	}
+	if d.Model != "" {
+		w.strField("model", d.Model)
+	}
+	if d.Usage != nil {
+		b, _ := json.Marshal(d.Usage)
+		w.rawField("usage", b)
+	}
+	if d.PromptVersion != "" {
+		w.strField("prompt_version", d.PromptVersion)
 	}
 	w.close()
 }

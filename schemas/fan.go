@@ -39,6 +39,9 @@ type Fan struct {
 	Chunks  []FanChunk  `json:"chunks,omitempty"`
 	// OutputBytes is the size of the outputs gathered so far, in bytes.
 	OutputBytes int64 `json:"output_bytes,omitempty"`
+	// Agent is the loop of an agent step: its turn dispatch (item 0) and
+	// tool call dispatches (items counted over the run) are in Running.
+	Agent *AgentRun `json:"agent,omitempty"`
 }
 
 // FanFail is an item or branch that failed for good.
@@ -122,6 +125,9 @@ func (f *Fan) Clone() *Fan {
 	c.Blocked = append([]Blocked(nil), f.Blocked...)
 	c.Outputs = append([]FanOutput(nil), f.Outputs...)
 	c.Chunks = append([]FanChunk(nil), f.Chunks...)
+	if f.Agent != nil {
+		c.Agent = f.Agent.Clone()
+	}
 	return &c
 }
 
@@ -173,12 +179,13 @@ type fanWire struct {
 	Outputs     []FanOutput `json:"outputs,omitempty"`
 	Chunks      []FanChunk  `json:"chunks,omitempty"`
 	OutputBytes int64       `json:"output_bytes,omitempty"`
+	Agent       *AgentRun   `json:"agent,omitempty"`
 }
 
 // MarshalJSON encodes f with its map items' dispatches compact.
 func (f *Fan) MarshalJSON() ([]byte, error) {
 	w := fanWire{Step: f.Step, Run: f.Run, Total: f.Total, Next: f.Next, Done: f.Done, Failed: f.Failed, Cancelled: f.Cancelled,
-		Decided: f.Decided, Blocked: f.Blocked, Outputs: f.Outputs, Chunks: f.Chunks, OutputBytes: f.OutputBytes}
+		Decided: f.Decided, Blocked: f.Blocked, Outputs: f.Outputs, Chunks: f.Chunks, OutputBytes: f.OutputBytes, Agent: f.Agent}
 	for _, d := range f.Running {
 		if d.Item == 0 || d.Step != f.Step || (w.Pool != "" && d.Pool != w.Pool) {
 			w.Running = append(w.Running, d)
@@ -202,7 +209,7 @@ func (f *Fan) UnmarshalJSON(b []byte) error {
 		return err
 	}
 	*f = Fan{Step: w.Step, Run: w.Run, Total: w.Total, Next: w.Next, Running: w.Running, Done: w.Done, Failed: w.Failed,
-		Cancelled: w.Cancelled, Decided: w.Decided, Blocked: w.Blocked, Outputs: w.Outputs, Chunks: w.Chunks, OutputBytes: w.OutputBytes}
+		Cancelled: w.Cancelled, Decided: w.Decided, Blocked: w.Blocked, Outputs: w.Outputs, Chunks: w.Chunks, OutputBytes: w.OutputBytes, Agent: w.Agent}
 	for _, it := range w.Items {
 		d := &Dispatch{Step: w.Step, Attempt: it.Attempt, RunAttempt: it.RunAttempt, Pool: w.Pool, Item: it.Item,
 			DispatchedAt: time.UnixMilli(it.DispatchedAt).UTC(), EffectKey: it.EffectKey}

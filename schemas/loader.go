@@ -653,6 +653,7 @@ func checkDefinition(d *Definition) []Problem {
 		}
 	}
 	ps = append(ps, checkFans(d)...)
+	ps = append(ps, checkAgents(d)...)
 	return append(ps, checkEffectKeys(d)...)
 }
 

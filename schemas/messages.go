@@ -63,6 +63,13 @@ type StepMessage struct {
 	// (ValueRef) are stored: the job's message prefix; empty when State
 	// holds no reference.
 	ValueOwner string `json:"value_owner,omitempty"`
+	// Tool is the agent tool a tool call runs (ItemValue holds its
+	// arguments, ItemName the model's tool_use id); Turn is the model turn
+	// an agent step's turn dispatch makes, from 1, and Transcript the
+	// conversation so far, by reference (values owned by ValueOwner).
+	Tool       string           `json:"tool,omitempty"`
+	Turn       int              `json:"turn,omitempty"`
+	Transcript []TranscriptPart `json:"transcript,omitempty"`
 }
 
 // StepResult is a worker's answer for one attempt, sent to the engine's
@@ -102,6 +109,10 @@ const (
 	EventStepBlocked    = "dev.waymark.step.blocked" // an unsafe effect is ambiguous; the job needs reconciliation
 	EventStepUnblocked  = "dev.waymark.step.unblocked"
 	EventStepCancelled  = "dev.waymark.step.cancelled" // a parallel branch the join no longer waits for
+	// EventAgentTurn: an agent step's model turn is in its transcript;
+	// Turn, Model, Usage and PromptVersion say which and what it cost.
+	EventAgentTurn = "dev.waymark.agent.turn"
+
 	// Effect ledger transitions, published by workers and by whoever
 	// resolves an effect. Data.Effect holds the record.
 	EventEffectPrepared   = "dev.waymark.effect.prepared"
@@ -135,4 +146,11 @@ type HistoryData struct {
 	EffectState string `json:"effect_state,omitempty"`
 	ExternalID  string `json:"external_id,omitempty"`
 	By          string `json:"by,omitempty"`
+	// Turn, Tool, Model, Usage and PromptVersion describe an agent step's
+	// model turns (agent.turn) and tool calls (Tool on an item's events).
+	Turn          int         `json:"turn,omitempty"`
+	Tool          string      `json:"tool,omitempty"`
+	Model         string      `json:"model,omitempty"`
+	Usage         *TokenUsage `json:"usage,omitempty"`
+	PromptVersion string      `json:"prompt_version,omitempty"`
 }

@@ -364,6 +364,8 @@ func StateShape(def *Definition) *Shape {
 			}
 		case step.Kind == KindWorkflow:
 			out = nil // the child's final state
+		case step.Kind == KindAgent:
+			out = OutputShapeOf(step)
 		case step.ForEach != nil:
 			// The outputs in input order; under collect, with the errors.
 			list := &Shape{Type: "array", Items: out}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -39,6 +40,12 @@ const (
 	HeaderItemBytes = "Waymark-Item-Bytes"
 	// HeaderValueOwner names the owner of the values the state refers to.
 	HeaderValueOwner = "Waymark-Value-Owner"
+	// HeaderTool names the agent tool a tool call runs; HeaderTurn is an
+	// agent turn's number and HeaderTranscript its transcript parts, as
+	// "<digest>:<bytes>:<messages>" joined by commas.
+	HeaderTool       = "Waymark-Tool"
+	HeaderTurn       = "Waymark-Agent-Turn"
+	HeaderTranscript = "Waymark-Transcript"
 )
 
 // Outcomes of a result.
@@ -69,6 +76,26 @@ func EncodeStepMessage(m *StepMessage, h map[string][]string) ([]byte, error) {
 	}
 	if m.ValueOwner != "" {
 		set(HeaderValueOwner, m.ValueOwner)
+	}
+	if m.Tool != "" {
+		set(HeaderTool, m.Tool)
+	}
+	if m.Turn > 0 {
+		set(HeaderTurn, strconv.Itoa(m.Turn))
+		var parts []byte
+		for i, p := range m.Transcript {
+			if i > 0 {
+				parts = append(parts, ',')
+			}
+			parts = append(parts, p.Digest...)
+			parts = append(parts, ':')
+			parts = strconv.AppendInt(parts, int64(p.Bytes), 10)
+			parts = append(parts, ':')
+			parts = strconv.AppendInt(parts, int64(p.Messages), 10)
+		}
+		if len(parts) > 0 {
+			set(HeaderTranscript, string(parts))
+		}
 	}
 	state := m.State
 	if len(state) == 0 {
@@ -120,6 +147,15 @@ func DecodeStepMessage(h map[string][]string, body []byte) (*StepMessage, error)
 	if s := get(HeaderVars); s != "" {
 		if err := json.Unmarshal([]byte(s), &m.Vars); err != nil {
 			return nil, fmt.Errorf("step message: %s: %w", HeaderVars, err)
+		}
+	}
+	m.Tool = get(HeaderTool)
+	if s := get(HeaderTurn); s != "" {
+		if m.Turn, err = positive(s); err != nil {
+			return nil, fmt.Errorf("step message: %s: %w", HeaderTurn, err)
+		}
+		if m.Transcript, err = decodeTranscript(get(HeaderTranscript)); err != nil {
+			return nil, fmt.Errorf("step message: %s: %w", HeaderTranscript, err)
 		}
 	}
 	if s := get(HeaderItem); s != "" {
@@ -222,4 +258,26 @@ func positive(s string) (int, error) {
 		return 0, fmt.Errorf("%d is below 1", n)
 	}
 	return n, nil
+}
+
+// decodeTranscript reads HeaderTranscript.
+func decodeTranscript(s string) ([]TranscriptPart, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var parts []TranscriptPart
+	for _, p := range strings.Split(s, ",") {
+		f := strings.Split(p, ":")
+		if len(f) != 4 || f[0] != "sha256" {
+			return nil, fmt.Errorf("part %q: want sha256:<hex>:<bytes>:<messages>", p)
+		}
+		n, err1 := strconv.Atoi(f[2])
+		k, err2 := strconv.Atoi(f[3])
+		r := ValueRef{Digest: f[0] + ":" + f[1], Bytes: n}
+		if err1 != nil || err2 != nil || k < 1 || !r.Valid() {
+			return nil, fmt.Errorf("part %q: want sha256:<hex>:<bytes>:<messages>", p)
+		}
+		parts = append(parts, TranscriptPart{Digest: r.Digest, Bytes: r.Bytes, Messages: k})
+	}
+	return parts, nil
 }

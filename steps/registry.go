@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/waymark-dev/waymark/schemas"
+	"github.com/waymark-dev/waymark/steps/providers"
 )
 
 // Kind performs the steps of one kind. Prepare runs once per definition
@@ -34,6 +35,18 @@ type Prep struct {
 	Step       *schemas.Step
 	Index      int // position of Step in Definition.Steps
 	Env        *Env
+	// Path is the JSON Pointer of Step's settings' parent in the
+	// definition ("/steps/<Index>", or "/steps/<Index>/tools/<j>" for an
+	// agent's tool); empty means "/steps/<Index>".
+	Path string
+}
+
+// pathOf returns p's JSON Pointer (Prep.Path).
+func (p *Prep) pathOf() string {
+	if p.Path != "" {
+		return p.Path
+	}
+	return fmt.Sprintf("/steps/%d", p.Index)
 }
 
 // Decode decodes the step's with settings into v, rejecting unknown
@@ -72,6 +85,13 @@ type Call struct {
 	Item      int
 	ItemName  string
 	ItemValue json.RawMessage
+	// Tool is the agent tool this attempt runs (ItemValue holds the
+	// call's arguments, ItemName the model's tool_use id); Turn is the
+	// model turn of an agent step's turn attempt, from 1, and Transcript
+	// the conversation before it.
+	Tool       string
+	Turn       int
+	Transcript []providers.Message
 	// Log, when set, receives the step's log; see Logger.
 	Log *slog.Logger
 	Env *Env
@@ -112,8 +132,9 @@ func (c *Call) StateMap() (map[string]any, error) {
 }
 
 // TemplateData is what step templates see: .state, .vars, .job, .step,
-// .attempt and .idempotency_key, and for a map item .item, .index (from
-// 0) and .item_name.
+// .attempt and .idempotency_key; for a map item .item, .index (from 0)
+// and .item_name; for an agent's tool call .args (also .item), the call's
+// arguments, and .tool_call_id.
 func (c *Call) TemplateData() (map[string]any, error) {
 	doc, err := c.StateMap()
 	if err != nil {
@@ -132,7 +153,12 @@ func (c *Call) TemplateData() (map[string]any, error) {
 		if err := json.Unmarshal(c.ItemValue, &item); err != nil {
 			return nil, fmt.Errorf("decode item %d of job %s: %w", c.Item-1, c.Job, err)
 		}
-		data["item"], data["index"], data["item_name"] = item, c.Item-1, c.ItemName
+		if c.Tool != "" {
+			// A tool call: its arguments, and the model's id for the call.
+			data["args"], data["item"], data["tool_call_id"] = item, item, c.ItemName
+		} else {
+			data["item"], data["index"], data["item_name"] = item, c.Item-1, c.ItemName
+		}
 	}
 	return data, nil
 }
@@ -164,6 +190,7 @@ func Builtins() *Registry {
 	_ = r.Register(schemas.KindNoop, noopKind{})
 	_ = r.Register(schemas.KindHTTP, httpKind{})
 	_ = r.Register(schemas.KindModel, modelKind{})
+	_ = r.Register(schemas.KindAgent, agentKind{})
 	return r
 }
 
@@ -216,7 +243,7 @@ func (r *Registry) Check(env *Env, allowed ...string) schemas.CheckFunc {
 	return r.check(allowed, func(k Kind, p *Prep) []schemas.Problem {
 		p.Env = env
 		if _, err := k.Prepare(p); err != nil {
-			return []schemas.Problem{{Path: fmt.Sprintf("/steps/%d/with", p.Index), Message: err.Error()}}
+			return []schemas.Problem{{Path: p.pathOf() + "/with", Message: err.Error()}}
 		}
 		return nil
 	})
@@ -246,7 +273,7 @@ func (r *Registry) CheckAnyWorker(env *Env, allowed ...string) schemas.CheckFunc
 	}
 	replay.ModelMode = ModelReplay
 	return r.check(allowed, func(k Kind, p *Prep) []schemas.Problem {
-		ptr := fmt.Sprintf("/steps/%d/with", p.Index)
+		ptr := p.pathOf() + "/with"
 		lp, rp := *p, *p
 		lp.Env, rp.Env = &live, &replay
 		_, liveErr := k.Prepare(&lp)
@@ -284,6 +311,17 @@ func (r *Registry) check(allowed []string, prepare func(Kind, *Prep) []schemas.P
 				continue // performed by the engine, checked by the loader
 			case ok:
 				ps = append(ps, prepare(k, &Prep{Definition: def, Step: s, Index: i})...)
+				for j := range s.Tools {
+					t := &s.Tools[j]
+					path := fmt.Sprintf("/steps/%d/tools/%d", i, j)
+					if tk, ok := r.Lookup(t.Kind); ok {
+						ps = append(ps, prepare(tk, &Prep{Definition: def, Step: schemas.ToolStep(s, t), Index: i, Path: path})...)
+					} else if !contains(allowed, t.Kind) {
+						ps = append(ps, schemas.Problem{Path: path + "/kind",
+							Message: fmt.Sprintf("unknown tool kind %q (known: %s); if workers of your own binary register it, allow it with --allow-kind %s",
+								t.Kind, strings.Join(r.Names(), ", "), t.Kind)})
+					}
+				}
 			case !contains(allowed, s.Kind):
 				ps = append(ps, schemas.Problem{Path: fmt.Sprintf("/steps/%d/kind", i),
 					Message: fmt.Sprintf("unknown step kind %q (known: %s); if workers of your own binary register it, allow it with --allow-kind %s",

@@ -20,6 +20,7 @@ import (
 var templatePaths = map[string][]string{
 	schemas.KindHTTP:  {"/url", "/headers/*", "/body/**", "/lookup/url"},
 	schemas.KindModel: {"/system", "/prompt"},
+	schemas.KindAgent: {"/system", "/prompt"},
 }
 
 // elem stands for "an item of" in a field chain: the dot inside {{range}}.
@@ -205,23 +206,6 @@ func scope(vars map[string][]string) map[string][]string {
 func checkTemplates(def *schemas.Definition, i int, state *schemas.Shape) []schemas.Problem {
 	s := &def.Steps[i]
 	base := fmt.Sprintf("/steps/%d", i)
-	var sources []templateSource
-	if s.IdempotencyKey != "" {
-		sources = append(sources, templateSource{ptr: base + "/idempotency_key", text: s.IdempotencyKey})
-	}
-	if pats := templatePaths[s.Kind]; len(pats) > 0 && len(s.With) > 0 {
-		dec := json.NewDecoder(bytes.NewReader(s.With))
-		dec.UseNumber()
-		var with any
-		if dec.Decode(&with) == nil {
-			collectTemplates(with, "", pats, func(ptr, text string) {
-				sources = append(sources, templateSource{ptr: base + "/with" + ptr, text: text})
-			})
-		}
-	}
-	if len(sources) == 0 {
-		return nil
-	}
 	var data *schemas.Shape
 	if s.ForEach != nil {
 		// A map item's input_schema is the item's; the state is the job's
@@ -240,6 +224,42 @@ func checkTemplates(def *schemas.Definition, i int, state *schemas.Shape) []sche
 	} else {
 		data = templateDataShape(def, schemas.Intersect(state, schemas.ShapeOf(s.InputSchema)))
 	}
+	ps := checkSources(templateSources(s, base), data)
+	for j := range s.Tools {
+		// A tool call's templates see its arguments as .args (and .item).
+		t := &s.Tools[j]
+		td := templateDataShape(def, state)
+		args := schemas.ShapeOf(t.InputSchema)
+		td.Properties["args"], td.Properties["item"] = args, args
+		td.Properties["tool_call_id"] = &schemas.Shape{Type: "string"}
+		td.Required["args"], td.Required["item"], td.Required["tool_call_id"] = true, true, true
+		ps = append(ps, checkSources(templateSources(schemas.ToolStep(s, t), fmt.Sprintf("%s/tools/%d", base, j)), td)...)
+	}
+	return ps
+}
+
+// templateSources returns the templates of s (its idempotency_key and
+// the settings its kind renders), at JSON Pointers under base.
+func templateSources(s *schemas.Step, base string) []templateSource {
+	var sources []templateSource
+	if s.IdempotencyKey != "" {
+		sources = append(sources, templateSource{ptr: base + "/idempotency_key", text: s.IdempotencyKey})
+	}
+	if pats := templatePaths[s.Kind]; len(pats) > 0 && len(s.With) > 0 {
+		dec := json.NewDecoder(bytes.NewReader(s.With))
+		dec.UseNumber()
+		var with any
+		if dec.Decode(&with) == nil {
+			collectTemplates(with, "", pats, func(ptr, text string) {
+				sources = append(sources, templateSource{ptr: base + "/with" + ptr, text: text})
+			})
+		}
+	}
+	return sources
+}
+
+// checkSources checks the field chains of sources against data.
+func checkSources(sources []templateSource, data *schemas.Shape) []schemas.Problem {
 	var ps []schemas.Problem
 	for _, src := range sources {
 		t, err := template.New(src.ptr).Option("missingkey=error").Funcs(templateFuncs(nil)).Parse(src.text)

@@ -21,6 +21,7 @@ import (
 	"github.com/waymark-dev/waymark/internal/failpoint"
 	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
+	"github.com/waymark-dev/waymark/steps/providers"
 )
 
 // Defaults for WorkerConfig.
@@ -266,7 +267,7 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 	}
 	replayedPure := redelivered
 	w.ctr.started.Add(1)
-	ps, err := w.prepare(ctx, sm.DefinitionHash, sm.Step)
+	ps, err := w.prepare(ctx, sm.DefinitionHash, sm.Step, sm.Tool)
 	if errors.Is(err, schemas.ErrNotFound) || errors.Is(err, schemas.ErrDefinitionInvalid) {
 		// Not the step's failure: the engine blocks the job until the
 		// definition is stored again, then dispatches the step anew.
@@ -397,7 +398,14 @@ func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm 
 	call := &Call{
 		Job: sm.Job, Step: ps.step, Definition: ps.def, Attempt: sm.Attempt, RunAttempt: sm.RunAttempt,
 		State: sm.State, Vars: sm.Vars, IdempotencyKey: sm.IdempotencyKey, Env: w.cfg.Env, lazy: log,
-		Item: sm.Item, ItemName: sm.ItemName, ItemValue: sm.ItemValue,
+		Item: sm.Item, ItemName: sm.ItemName, ItemValue: sm.ItemValue, Tool: sm.Tool, Turn: sm.Turn,
+	}
+	if sm.Turn > 0 {
+		msgs, err := w.transcript(ctx, sm)
+		if err != nil {
+			return fail(err)
+		}
+		call.Transcript = msgs
 	}
 	if ps.input != nil {
 		// A map item's input_schema is the item's.
@@ -575,6 +583,30 @@ func (w *Worker) resolveState(ctx context.Context, sm *schemas.StepMessage) (jso
 	return state, nil
 }
 
+// transcript reads an agent turn's transcript parts from the value store.
+// A part that cannot be read is a retryable error.
+func (w *Worker) transcript(ctx context.Context, sm *schemas.StepMessage) ([]providers.Message, *schemas.Error) {
+	if len(sm.Transcript) == 0 {
+		return nil, nil
+	}
+	if w.store.Values == nil || sm.ValueOwner == "" {
+		return nil, &schemas.Error{Code: schemas.CodeInputInvalid, Message: "the agent turn's transcript is stored by reference and the step message names no owner for it"}
+	}
+	var msgs []providers.Message
+	for _, p := range sm.Transcript {
+		data, err := w.store.Values.Get(ctx, sm.ValueOwner, p.Ref())
+		if err != nil {
+			return nil, &schemas.Error{Code: schemas.CodeInputInvalid, Retryable: true, Message: fmt.Sprintf("read transcript part %s: %v", p.Digest, err)}
+		}
+		var part []providers.Message
+		if err := json.Unmarshal(data, &part); err != nil || len(part) != p.Messages {
+			return nil, &schemas.Error{Code: schemas.CodeInputInvalid, Message: fmt.Sprintf("transcript part %s does not hold %d messages", p.Digest, p.Messages)}
+		}
+		msgs = append(msgs, part...)
+	}
+	return msgs, nil
+}
+
 // publishResult sends res to the engine's inbox, trying again on errors:
 // the dedup id (the step message's id and "/result") makes a repeat
 // harmless.
@@ -631,8 +663,11 @@ func (w *Worker) publishWait(ctx context.Context, m *nats.Msg) error {
 }
 
 // prepare returns the prepared step, preparing it once per definition.
-func (w *Worker) prepare(ctx context.Context, hash, stepID string) (*preparedStep, error) {
-	key := hash + "/" + stepID
+//
+// A tool call (tool not empty) of an agent step is prepared as the step
+// the tool describes (schemas.ToolStep).
+func (w *Worker) prepare(ctx context.Context, hash, stepID, tool string) (*preparedStep, error) {
+	key := hash + "/" + stepID + "/" + tool
 	if ps, ok := w.prepared.Get(key); ok {
 		return ps, nil
 	}
@@ -653,6 +688,15 @@ func (w *Worker) prepare(ctx context.Context, hash, stepID string) (*preparedSte
 		return ps, nil
 	}
 	ps.step = &def.Steps[idx]
+	if tool != "" {
+		t := ps.step.ToolOf(tool)
+		if ps.step.Kind != schemas.KindAgent || t == nil {
+			ps.err = fmt.Errorf("step %q of definition %s has no tool %q", stepID, hash, tool)
+			w.prepared.Add(key, ps)
+			return ps, nil
+		}
+		ps.step = schemas.ToolStep(ps.step, t)
+	}
 	kind, ok := w.cfg.Registry.Lookup(ps.step.Kind)
 	switch {
 	case !ok:
@@ -670,7 +714,8 @@ func (w *Worker) prepare(ctx context.Context, hash, stepID string) (*preparedSte
 	if ps.err == nil {
 		ps.input, ps.err = schemas.CompileSchema(stepID+".input_schema", ps.step.InputSchema)
 	}
-	if ps.err == nil {
+	if ps.err == nil && ps.step.Kind != schemas.KindAgent {
+		// An agent's output_schema is its final answer's: the engine checks it.
 		ps.output, ps.err = schemas.CompileSchema(stepID+".output_schema", ps.step.OutputSchema)
 	}
 	w.prepared.Add(key, ps)

@@ -1,0 +1,287 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+const agentFlow = `
+name: agentflow
+version: 1
+steps:
+  - id: agent
+    kind: agent
+    save_as: agent
+    with: {provider: replay, prompt: "find a vendor"}
+    limits: {max_turns: 5}
+    prices: {m1: {input: 3, output: 15}}
+    tools:
+      - {name: search, kind: noop, effect: pure}
+      - name: buy
+        kind: noop
+        effect: idempotent
+        input_schema: {type: object, required: [sku], properties: {sku: {type: string}}}
+    next: [{to: after}]
+  - {id: after, kind: noop, save_as: after}
+`
+
+// turnOut is a worker's turn output: text and tool calls (id, name,
+// input), with usage.
+func turnOut(t *testing.T, prompt bool, text string, calls ...[3]string) json.RawMessage {
+	t.Helper()
+	out := schemas.AgentTurn{Model: "m1", StopReason: "end_turn", Usage: schemas.TokenUsage{Input: 100, Output: 10}}
+	if prompt {
+		out.Prompt = &schemas.AgentMessage{Role: "user", Content: []schemas.AgentBlock{{Type: "text", Text: "find a vendor"}}}
+	}
+	out.Message.Role = "assistant"
+	if text != "" {
+		out.Message.Content = append(out.Message.Content, schemas.AgentBlock{Type: "text", Text: text})
+	}
+	for _, c := range calls {
+		out.Message.Content = append(out.Message.Content, schemas.AgentBlock{Type: "tool_use", ToolUseID: c[0], Name: c[1], Input: json.RawMessage(c[2])})
+		out.StopReason = "tool_use"
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// transcriptOf reads the transcript a turn message carries.
+func (b *bundle) transcriptOf(sm *schemas.StepMessage) []schemas.AgentMessage {
+	b.t.Helper()
+	var all []schemas.AgentMessage
+	for _, p := range sm.Transcript {
+		data, err := b.store.Values.Get(context.Background(), sm.ValueOwner, p.Ref())
+		if err != nil {
+			b.t.Fatalf("transcript part %s: %v", p.Digest, err)
+		}
+		var msgs []schemas.AgentMessage
+		if err := json.Unmarshal(data, &msgs); err != nil || len(msgs) != p.Messages {
+			b.t.Fatalf("transcript part %s: %d messages, want %d (%v)", p.Digest, len(msgs), p.Messages, err)
+		}
+		all = append(all, msgs...)
+	}
+	return all
+}
+
+// TestAgentLoopDispatchesToolCallsAndKeepsTheTranscript: each model turn
+// and each valid tool call is a dispatch of its own; a call of an unknown
+// tool or with arguments against the tool's schema is answered with an
+// error the model reads, without a dispatch; the tool results of a turn
+// join the transcript in the order of the calls; the ledger key of an
+// idempotent tool's call names its turn and tool_use id; the output
+// counts turns, calls and tokens, and names the whole transcript.
+func TestAgentLoopDispatchesToolCallsAndKeepsTheTranscript(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	def := b.define(agentFlow)
+	id := b.start(def, `{}`, "agent-1")
+
+	t1 := next(t, ch)
+	if t1.sm.Step != "agent" || t1.sm.Turn != 1 || len(t1.sm.Transcript) != 0 || t1.sm.Item != 0 {
+		t.Fatalf("first message: step %s turn %d, %d transcript parts, item %d", t1.sm.Step, t1.sm.Turn, len(t1.sm.Transcript), t1.sm.Item)
+	}
+	t1.reply(turnOut(t, true, "looking", [3]string{"c1", "search", `{"q":"pumps"}`}, [3]string{"c2", "buy", `{"sku":5}`}, [3]string{"c3", "steal", `{}`}), nil)
+
+	call := next(t, ch)
+	if call.sm.Tool != "search" || call.sm.ItemName != "c1" || string(call.sm.ItemValue) != `{"q":"pumps"}` || call.sm.EffectKey != "" {
+		t.Fatalf("tool call: tool %q id %q args %s key %q", call.sm.Tool, call.sm.ItemName, call.sm.ItemValue, call.sm.EffectKey)
+	}
+	call.reply(json.RawMessage(`{"vendors":["acme"]}`), nil)
+
+	t2 := next(t, ch)
+	if t2.sm.Turn != 2 {
+		t.Fatalf("after the tools came turn %d (tool %q)", t2.sm.Turn, t2.sm.Tool)
+	}
+	msgs := b.transcriptOf(t2.sm)
+	if len(msgs) != 3 || msgs[0].Role != "user" || msgs[1].Role != "assistant" || msgs[2].Role != "user" {
+		t.Fatalf("transcript before turn 2: %+v", msgs)
+	}
+	res := msgs[2].Content
+	if len(res) != 3 || res[0].ToolUseID != "c1" || res[0].Content != `{"vendors":["acme"]}` || res[0].IsError ||
+		res[1].ToolUseID != "c2" || !res[1].IsError || !strings.Contains(res[1].Content, "input_schema") ||
+		res[2].ToolUseID != "c3" || !res[2].IsError || !strings.Contains(res[2].Content, `no tool "steal"`) {
+		t.Fatalf("tool results: %+v", res)
+	}
+	t2.reply(turnOut(t, false, "", [3]string{"c4", "buy", `{"sku":"A1"}`}), nil)
+
+	buy := next(t, ch)
+	if want := id + "/agent/turn-2/c4"; buy.sm.Tool != "buy" || buy.sm.EffectKey != want {
+		t.Fatalf("buy call: tool %q key %q, want key %q", buy.sm.Tool, buy.sm.EffectKey, want)
+	}
+	buy.reply(json.RawMessage(`{"order":7}`), nil)
+
+	t3 := next(t, ch)
+	if t3.sm.Turn != 3 || len(b.transcriptOf(t3.sm)) != 5 {
+		t.Fatalf("turn %d with %d messages", t3.sm.Turn, len(b.transcriptOf(t3.sm)))
+	}
+	t3.reply(turnOut(t, false, "bought from acme"), nil)
+
+	after := next(t, ch)
+	if after.sm.Step != "after" {
+		t.Fatalf("after the agent came %s", after.sm.Step)
+	}
+	after.reply(json.RawMessage(`{}`), nil)
+	v := b.wait(id)
+	if v.Status != schemas.JobCompleted {
+		t.Fatalf("status %s, error %+v", v.Status, v.Error)
+	}
+	var st struct {
+		Agent schemas.AgentOutput `json:"agent"`
+	}
+	if err := json.Unmarshal(v.State, &st); err != nil {
+		t.Fatal(err)
+	}
+	out := st.Agent
+	if out.Text != "bought from acme" || out.StopReason != schemas.StopEndTurn || out.Turns != 3 || out.ToolCalls != 4 || out.InvalidCalls != 2 {
+		t.Fatalf("output %+v", out)
+	}
+	if u := out.Usage["m1"]; u.Input != 300 || u.Output != 30 {
+		t.Errorf("usage %+v, want 300 in, 30 out", u)
+	}
+	if want := 3 * (100*3.0 + 10*15.0) / 1e6; out.Cost < want*0.999 || out.Cost > want*1.001 {
+		t.Errorf("cost %v, want %v", out.Cost, want)
+	}
+	if out.Transcript == nil || out.Transcript.Messages != 6 {
+		t.Fatalf("transcript %+v, want 6 messages", out.Transcript)
+	}
+	data, err := b.store.Values.Get(context.Background(), id, out.Transcript.Ref())
+	if err != nil || !strings.Contains(string(data), "bought from acme") {
+		t.Fatalf("transcript value: %v %.200s", err, data)
+	}
+}
+
+// TestAgentLimitsStopTheLoop: max_turns reached with tool calls pending
+// fails the step with limit_reached (on_limit fail, the default), and
+// under on_limit complete saves the output with the stop reason;
+// max_tool_calls stops a turn whose calls would pass it, before any runs.
+func TestAgentLimitsStopTheLoop(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, limits, onLimit, stop string
+		turns                       int
+	}{
+		{"turns-fail", "{max_turns: 2}", "", schemas.StopMaxTurns, 2},
+		{"turns-complete", "{max_turns: 2}", "complete", schemas.StopMaxTurns, 2},
+		{"calls", "{max_tool_calls: 2}", "complete", schemas.StopMaxToolCalls, 2},
+		{"tokens", "{max_tokens: 150}", "complete", schemas.StopMaxTokens, 2},
+		{"cost", "{max_cost: 0.0008}", "complete", schemas.StopMaxCost, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, setupOptions{})
+			ch := b.manualWorker()
+			y := strings.Replace(agentFlow, "limits: {max_turns: 5}", "limits: "+tc.limits, 1)
+			if tc.onLimit != "" {
+				y = strings.Replace(y, "save_as: agent\n", "save_as: agent\n    on_limit: "+tc.onLimit+"\n", 1)
+			}
+			def := b.define(y)
+			id := b.start(def, `{}`, "agent-"+tc.name)
+			for turn := 1; ; turn++ {
+				h := next(t, ch)
+				if h.sm.Turn != turn {
+					t.Fatalf("turn %d: got a message of turn %d, tool %q", turn, h.sm.Turn, h.sm.Tool)
+				}
+				h.reply(turnOut(t, turn == 1, "", [3]string{"a" + string(rune('0'+turn)), "search", `{}`}, [3]string{"b" + string(rune('0'+turn)), "search", `{}`}), nil)
+				if turn == tc.turns {
+					break
+				}
+				for range 2 {
+					c := next(t, ch)
+					c.reply(json.RawMessage(`"ok"`), nil)
+				}
+			}
+			if tc.onLimit != "" {
+				if h := next(t, ch); h.sm.Step != "after" {
+					t.Fatalf("after the agent stopped came %s turn %d", h.sm.Step, h.sm.Turn)
+				} else {
+					h.reply(json.RawMessage(`{}`), nil)
+				}
+			}
+			v := b.wait(id)
+			if tc.onLimit == "" {
+				if v.Status != schemas.JobFailed || v.Error == nil || v.Error.Code != schemas.CodeLimitReached || !strings.Contains(v.Error.Message, tc.stop) {
+					t.Fatalf("status %s, error %+v; want failed with %s", v.Status, v.Error, tc.stop)
+				}
+				return
+			}
+			if v.Status != schemas.JobCompleted {
+				t.Fatalf("status %s, error %+v", v.Status, v.Error)
+			}
+			var st struct {
+				Agent schemas.AgentOutput `json:"agent"`
+			}
+			_ = json.Unmarshal(v.State, &st)
+			if st.Agent.StopReason != tc.stop || st.Agent.Turns != tc.turns {
+				t.Fatalf("output %+v, want stop %s after %d turns", st.Agent, tc.stop, tc.turns)
+			}
+		})
+	}
+}
+
+// TestAgentAnswerThatBreaksItsSchemaGoesBackToTheModel: under an
+// output_schema the final text must be JSON of that schema; one that is
+// not is answered with the schema's complaint, and the next answer is
+// saved as answer.
+func TestAgentAnswerThatBreaksItsSchemaGoesBackToTheModel(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	y := strings.Replace(agentFlow, "save_as: agent\n", "save_as: agent\n    output_schema: {type: object, required: [vendor], properties: {vendor: {type: string}}}\n", 1)
+	def := b.define(y)
+	id := b.start(def, `{}`, "agent-schema")
+	next(t, ch).reply(turnOut(t, true, "acme, I think"), nil)
+	h := next(t, ch)
+	msgs := b.transcriptOf(h.sm)
+	if h.sm.Turn != 2 || len(msgs) != 3 || !strings.Contains(msgs[2].Content[0].Text, "not a JSON value") {
+		t.Fatalf("turn %d, transcript %+v", h.sm.Turn, msgs)
+	}
+	h.reply(turnOut(t, false, "{\"vendor\": 3}"), nil)
+	h = next(t, ch)
+	if msgs := b.transcriptOf(h.sm); len(msgs) != 5 || !strings.Contains(msgs[4].Content[0].Text, "JSON Schema") {
+		t.Fatalf("turn %d, transcript %+v", h.sm.Turn, msgs)
+	}
+	h.reply(turnOut(t, false, "```json\n{\"vendor\": \"acme\"}\n```"), nil)
+	next(t, ch).reply(json.RawMessage(`{}`), nil)
+	v := b.wait(id)
+	if v.Status != schemas.JobCompleted || !strings.Contains(string(v.State), `"answer":{"vendor":"acme"}`) {
+		t.Fatalf("status %s, state %s", v.Status, v.State)
+	}
+}
+
+// TestAgentTurnWaitingForARateLimitUsesNoAttempt: a turn answered
+// CodeWaiting (the provider's Retry-After) is dispatched again after that
+// delay with the same run attempt; the tools already done are not run
+// again.
+func TestAgentTurnWaitingForARateLimitUsesNoAttempt(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	def := b.define(agentFlow)
+	id := b.start(def, `{}`, "agent-429")
+	next(t, ch).reply(turnOut(t, true, "", [3]string{"c1", "search", `{}`}), nil)
+	next(t, ch).reply(json.RawMessage(`"found"`), nil)
+	for range 3 {
+		h := next(t, ch)
+		if h.sm.Turn != 2 || h.sm.RunAttempt != 1 {
+			t.Fatalf("turn %d run attempt %d, want turn 2 attempt 1", h.sm.Turn, h.sm.RunAttempt)
+		}
+		h.reply(nil, &schemas.Error{Code: schemas.CodeWaiting, Retryable: true, RetryAfterMs: 1, Message: "rate limited"})
+	}
+	h := next(t, ch)
+	if h.sm.Turn != 2 || h.sm.Tool != "" {
+		t.Fatalf("after the waits: turn %d tool %q", h.sm.Turn, h.sm.Tool)
+	}
+	h.reply(turnOut(t, false, "done"), nil)
+	next(t, ch).reply(json.RawMessage(`{}`), nil)
+	if v := b.wait(id); v.Status != schemas.JobCompleted {
+		t.Fatalf("status %s, error %+v", v.Status, v.Error)
+	}
+}
