@@ -418,6 +418,13 @@ func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm 
 		}
 	}
 	effectful := ps.def.EffectOf(ps.step) != schemas.EffectPure
+	if again := delivered > 1 && (sm.NotBefore == nil || delivered > 2); again && !effectful && (sm.Turn > 0 || sm.Tool != "") {
+		// An agent's model turn or pure tool call delivered again: if the
+		// engine has its result already, the call is not made a second time.
+		if err := w.fence(ctx, call); errors.Is(err, errStaleAttempt) {
+			return nil, staleAttempt
+		}
+	}
 	if effectful {
 		key := sm.EffectKey // computed by the engine
 		if key == "" {

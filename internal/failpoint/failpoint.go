@@ -7,7 +7,8 @@
 // Actions: crash (the process kills itself with SIGKILL at once: no
 // deferred calls, no flushing, as if killed from outside), crash@N (on the
 // N-th time the point is reached, counting from 1), crash/STEP (the first
-// time it is reached while handling step STEP), delay=DURATION (stall
+// time it is reached while handling step STEP), crash/STEP@N (the N-th
+// such time: an agent step's turns and tool calls), delay=DURATION (stall
 // there, or until the context ends). The idea follows FreeBSD's fail(9)
 // and etcd's gofail: names in the code, actions from configuration.
 package failpoint
@@ -79,7 +80,7 @@ func Parse(spec string) (*Set, error) {
 		}
 		name, act, ok := strings.Cut(item, "=")
 		if !ok {
-			return nil, fmt.Errorf("failpoint %q: want name=action (crash, crash@N, crash/STEP, delay=DURATION)", item)
+			return nil, fmt.Errorf("failpoint %q: want name=action (crash, crash@N, crash/STEP, crash/STEP@N, delay=DURATION)", item)
 		}
 		if !isKnown(name) {
 			return nil, fmt.Errorf("failpoint %q: unknown point; known: %s", name, strings.Join(sorted(Known), ", "))
@@ -101,11 +102,19 @@ func parseAction(s string) (*action, error) {
 	case s == "crash":
 		return &action{crash: true}, nil
 	case strings.HasPrefix(s, "crash/"):
-		step := strings.TrimPrefix(s, "crash/")
+		step, at, counted := strings.Cut(strings.TrimPrefix(s, "crash/"), "@")
 		if step == "" {
-			return nil, fmt.Errorf("action %q: want crash/STEP with a step id", s)
+			return nil, fmt.Errorf("action %q: want crash/STEP or crash/STEP@N with a step id", s)
 		}
-		return &action{crash: true, step: step}, nil
+		a := &action{crash: true, step: step}
+		if counted {
+			n, err := strconv.Atoi(at)
+			if err != nil || n < 1 {
+				return nil, fmt.Errorf("action %q: want crash/STEP@N with N >= 1", s)
+			}
+			a.at = n
+		}
+		return a, nil
 	case strings.HasPrefix(s, "crash@"):
 		n, err := strconv.Atoi(strings.TrimPrefix(s, "crash@"))
 		if err != nil || n < 1 {
@@ -119,7 +128,7 @@ func parseAction(s string) (*action, error) {
 		}
 		return &action{delay: d}, nil
 	}
-	return nil, fmt.Errorf("action %q: want crash, crash@N, crash/STEP or delay=DURATION", s)
+	return nil, fmt.Errorf("action %q: want crash, crash@N, crash/STEP, crash/STEP@N or delay=DURATION", s)
 }
 
 // Inject runs the action configured for point, if any. A crash does not

@@ -113,3 +113,25 @@ func TestNilSetIsInert(t *testing.T) {
 		t.Fatal("nil set reports a point enabled")
 	}
 }
+
+func TestCrashOnNthHitOfOneStep(t *testing.T) {
+	t.Parallel()
+	s, err := Parse("worker.after_receive=crash/agent@2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	crashes := 0
+	s.exit = func() { crashes++ }
+	s.InjectStep(context.Background(), WorkerAfterReceive, "other")
+	s.InjectStep(context.Background(), WorkerAfterReceive, "agent")
+	if crashes != 0 {
+		t.Fatalf("crashed at the first hit of the step, or for another step")
+	}
+	s.InjectStep(context.Background(), WorkerAfterReceive, "agent")
+	if crashes != 1 {
+		t.Fatalf("crashes = %d at the second hit of the step, want 1", crashes)
+	}
+	if _, err := Parse("worker.after_receive=crash/agent@0"); err == nil {
+		t.Fatal("crash/agent@0 parsed")
+	}
+}
