@@ -227,12 +227,29 @@ func missingServices(def *schemas.Definition, env *steps.Env, bundled []string) 
 		have[n] = true
 	}
 	var out []string
+	for _, name := range serviceRefs(def) {
+		if _, given := env.Services[name]; !given && !have[name] {
+			out = append(out, name)
+			have[name] = true
+		}
+	}
+	return out
+}
+
+// serviceRefs returns the services the templates of def's steps and
+// agent tools name ({{service "x"}}), in order of appearance, repeats
+// included.
+func serviceRefs(def *schemas.Definition) []string {
+	var out []string
+	add := func(with []byte) {
+		for _, m := range serviceRefRE.FindAllStringSubmatch(string(with), -1) {
+			out = append(out, m[1])
+		}
+	}
 	for _, s := range def.Steps {
-		for _, m := range serviceRefRE.FindAllStringSubmatch(string(s.With), -1) {
-			if _, given := env.Services[m[1]]; !given && !have[m[1]] {
-				out = append(out, m[1])
-				have[m[1]] = true
-			}
+		add(s.With)
+		for _, t := range s.Tools {
+			add(t.With)
 		}
 	}
 	return out
@@ -248,12 +265,9 @@ func bundledServices(def *schemas.Definition, env *steps.Env) []string {
 		bundled[n] = true
 	}
 	found := map[string]bool{}
-	for _, s := range def.Steps {
-		for _, m := range serviceRefRE.FindAllStringSubmatch(string(s.With), -1) {
-			name := m[1]
-			if _, given := env.Services[name]; !given && bundled[name] {
-				found[name] = true
-			}
+	for _, name := range serviceRefs(def) {
+		if _, given := env.Services[name]; !given && bundled[name] {
+			found[name] = true
 		}
 	}
 	out := make([]string, 0, len(found))
@@ -484,8 +498,13 @@ func shellQuote(s string) string {
 // next attempt prints that dispatch on a line of its own.
 func printEvent(w io.Writer, h schemas.HistoryEvent) {
 	d := h.Data
-	if d.Item > 0 {
+	switch {
+	case d.Tool != "":
+		d.Step = fmt.Sprintf("%s.%s#%d", d.Step, d.Tool, d.Item) // an agent's tool call, counted over its run
+	case d.Item > 0:
 		d.Step = fmt.Sprintf("%s[%d]", d.Step, d.Item-1) // a map item, by index
+	case d.Turn > 0:
+		d.Step = fmt.Sprintf("%s turn %d", d.Step, d.Turn) // an agent's model turn
 	}
 	dispatched := func(step string, attempt int) {
 		status := "dispatched"
@@ -515,6 +534,13 @@ func printEvent(w io.Writer, h schemas.HistoryEvent) {
 		fmt.Fprintf(w, "  %-20s attempt %-3d blocked: effect %s is ambiguous; the job needs reconciliation\n", d.Step, d.Attempt, d.EffectKey)
 	case schemas.EventStepUnblocked:
 		fmt.Fprintf(w, "  %-20s unblocked: effect %s resolved by %s\n", d.Step, d.EffectKey, d.By)
+	case schemas.EventAgentTurn:
+		u := schemas.TokenUsage{}
+		if d.Usage != nil {
+			u = *d.Usage
+		}
+		fmt.Fprintf(w, "  %-20s attempt %-3d answered %dms: %s, %d in / %d out / %d cache-read tokens; %s\n",
+			d.Step, d.Attempt, d.DurationMs, d.Model, u.Input, u.Output, u.CacheRead, d.Reason)
 	case schemas.EventStepCancelled:
 		fmt.Fprintf(w, "  %-20s attempt %-3d cancelled: %s\n", d.Step, d.Attempt, d.Reason)
 	case schemas.EventEffectConfirmed, schemas.EventEffectAmbiguous, schemas.EventEffectReconciled, schemas.EventEffectReplayed:

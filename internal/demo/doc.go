@@ -1,4 +1,4 @@
-// Package demo holds four small HTTP services that stand in for real
+// Package demo holds five small HTTP services that stand in for real
 // providers, so that Waymark can show, and its crash tests can prove, that a
 // resumed job never performs a side effect twice. Each service is an
 // http.Handler that keeps its state in files under its own directory,
@@ -13,6 +13,7 @@
 //	payments  idempotent  POST /v1/charges                charges.jsonl
 //	records   lookup      PUT, GET /v1/records/{key}      records.jsonl
 //	mail      unsafe      POST /v1/send                   outbox.jsonl
+//	vendors   pure        GET /v1/vendors?category=C      (a fixed catalog)
 //
 // The idempotent services follow the IETF httpapi draft "The
 // Idempotency-Key HTTP Header Field" and Stripe's behaviour. A request

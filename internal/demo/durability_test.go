@@ -91,6 +91,9 @@ func TestRestartKeepsTicketReplay(t *testing.T) {
 func TestTornTail(t *testing.T) {
 	t.Parallel()
 	for _, name := range Names() {
+		if name == NameVendors {
+			continue // a fixed catalog: no data file
+		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, name, Options{})
@@ -157,6 +160,9 @@ func TestTornTicketBatch(t *testing.T) {
 func TestCorruptDataFile(t *testing.T) {
 	t.Parallel()
 	for _, name := range Names() {
+		if name == NameVendors {
+			continue // a fixed catalog: no data file
+		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			dir := t.TempDir()

@@ -21,12 +21,13 @@ const (
 	NamePayments = "payments" // idempotent by Idempotency-Key (NewPayments)
 	NameRecords  = "records"  // lookup: write once per key, ask by key (NewRecords)
 	NameTickets  = "tickets"  // idempotent by Idempotency-Key (NewTickets)
+	NameVendors  = "vendors"  // pure: a read-only catalog (NewVendors)
 )
 
 // Names lists the services in alphabetical order: "mail", "payments",
-// "records", "tickets".
+// "records", "tickets", "vendors".
 func Names() []string {
-	return []string{NameMail, NamePayments, NameRecords, NameTickets}
+	return []string{NameMail, NamePayments, NameRecords, NameTickets, NameVendors}
 }
 
 // callsFile is the name of the journal of calls in a service's directory.
@@ -114,6 +115,8 @@ func New(name string, opts Options) (*Service, error) {
 		k = &records{}
 	case NameTickets:
 		k = &tickets{}
+	case NameVendors:
+		k = vendors{}
 	default:
 		return nil, fmt.Errorf("%w %q; known: %s", ErrUnknownService, name, strings.Join(Names(), ", "))
 	}
