@@ -103,6 +103,56 @@ func (q *Queues) ResultWaiting(ctx context.Context, job, step string, attempt in
 	return m.Header.Get(schemas.HeaderStep) == step && m.Header.Get(schemas.HeaderAttempt) == strconv.Itoa(attempt), nil
 }
 
+// ResultPending reports whether the inbox holds the result of job's
+// dispatch (step, attempt, and map item or tool call, 0 for none) that no
+// engine has applied yet: a worker given the dispatch again need not run
+// it. It reads every result of the job waiting in the inbox (headers
+// only, through an ordered consumer), so it is meant for redeliveries.
+func (q *Queues) ResultPending(ctx context.Context, job, step string, attempt, item int) (bool, error) {
+	st, err := q.stream(ctx, q.names.InboxStream)
+	if err != nil {
+		return false, fmt.Errorf("read results of %s: %w", job, err)
+	}
+	subj := q.names.InboxSubject(InboxResult, job)
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subj))
+	if err != nil {
+		return false, fmt.Errorf("read results of %s: %w", job, err)
+	}
+	if info.State.Subjects[subj] == 0 {
+		return false, nil
+	}
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}, HeadersOnly: true})
+	if err != nil {
+		return false, fmt.Errorf("read results of %s: %w", job, err)
+	}
+	want, wantItem := strconv.Itoa(attempt), ""
+	if item > 0 {
+		wantItem = strconv.Itoa(item)
+	}
+	for seen := uint64(0); seen < info.State.Subjects[subj]; {
+		batch, err := cons.Fetch(64, jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			return false, fmt.Errorf("read results of %s: %w", job, err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			h := m.Headers()
+			if h.Get(schemas.HeaderStep) == step && h.Get(schemas.HeaderAttempt) == want && h.Get(schemas.HeaderItem) == wantItem {
+				return true, nil
+			}
+			if md, err := m.Metadata(); err == nil && md.NumPending == 0 {
+				return false, nil
+			}
+		}
+		if batch.Error() != nil || n == 0 {
+			return false, batch.Error()
+		}
+		seen += uint64(n)
+	}
+	return false, nil
+}
+
 // InboxPending reports whether the inbox holds any message for job (a
 // start, a result or a signal) that no engine has finished with: the
 // engine that takes it decides what the job does next.

@@ -418,9 +418,19 @@ func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm 
 		}
 	}
 	effectful := ps.def.EffectOf(ps.step) != schemas.EffectPure
-	if again := delivered > 1 && (sm.NotBefore == nil || delivered > 2); again && !effectful && (sm.Turn > 0 || sm.Tool != "") {
-		// An agent's model turn or pure tool call delivered again: if the
-		// engine has its result already, the call is not made a second time.
+	if !effectful && (sm.Turn > 0 || sm.Tool != "") {
+		// An agent's model turn or pure tool call: if the engine has its
+		// result already, or the inbox holds it for the engine (a delivery
+		// again, after a crash; the count of deliveries cannot tell, as a
+		// server that crashed too may have forgotten the first), the call is
+		// not made a second time. Two reads, small beside a model call, in
+		// this order: the engine acknowledges a result only after writing
+		// the checkpoint that applies it, so a result gone from the inbox
+		// is in the checkpoint read after.
+		if ok, err := w.store.Queues.ResultPending(ctx, sm.Job, sm.Step, sm.Attempt, sm.Item); err == nil && ok {
+			w.ctr.answered.Add(1)
+			return nil, staleAttempt
+		}
 		if err := w.fence(ctx, call); errors.Is(err, errStaleAttempt) {
 			return nil, staleAttempt
 		}
@@ -747,7 +757,10 @@ type WorkerStats struct {
 	Overtaken uint64 `json:"overtaken"`
 	// StorageFull counts writes this worker saw refused because
 	// JetStream's storage is full (the attempt is tried again later).
-	StorageFull  uint64 `json:"storage_full"`
+	StorageFull uint64 `json:"storage_full"`
+	// Answered counts agent turns and pure tool calls delivered again
+	// whose result was already waiting for the engine: not run again.
+	Answered     uint64 `json:"answered_before"`
 	Started      uint64 `json:"steps_started"`
 	Succeeded    uint64 `json:"steps_succeeded"`
 	Failed       uint64 `json:"steps_failed"`
@@ -760,13 +773,13 @@ type WorkerStats struct {
 type workerCounters struct {
 	started, succeeded, failed, redeliveries, held, published, heartbeats atomic.Uint64
 	replayedEffects, ambiguousEffects, stale, replayedPure, settledLate   atomic.Uint64
-	overtaken, storageFull                                                atomic.Uint64
+	overtaken, storageFull, answered                                      atomic.Uint64
 }
 
 // Stats returns a snapshot of the worker's counters. Safe for concurrent use.
 func (w *Worker) Stats() WorkerStats {
 	c := &w.ctr
-	return WorkerStats{ReplayedEffects: c.replayedEffects.Load(), ReplayedPure: c.replayedPure.Load(), AmbiguousEffects: c.ambiguousEffects.Load(), SettledLate: c.settledLate.Load(), Stale: c.stale.Load(), Overtaken: c.overtaken.Load(), StorageFull: c.storageFull.Load(),
+	return WorkerStats{ReplayedEffects: c.replayedEffects.Load(), ReplayedPure: c.replayedPure.Load(), AmbiguousEffects: c.ambiguousEffects.Load(), SettledLate: c.settledLate.Load(), Stale: c.stale.Load(), Overtaken: c.overtaken.Load(), StorageFull: c.storageFull.Load(), Answered: c.answered.Load(),
 		Started: c.started.Load(), Succeeded: c.succeeded.Load(), Failed: c.failed.Load(),
 		Redeliveries: c.redeliveries.Load(), Held: c.held.Load(), Published: c.published.Load(), Heartbeats: c.heartbeats.Load()}
 }

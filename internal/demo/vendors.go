@@ -30,7 +30,8 @@ var catalog = []Vendor{
 }
 
 // NewVendors opens the vendors service, a pure one: a read-only catalog,
-// which an agent's research tool can call any number of times. Routes:
+// which an agent's research tool can call any number of times. Its Stats
+// count searches by category (Calls; Effects stays empty). Routes:
 //
 //	GET /v1/vendors?category=C  VendorList of category C (all without it)
 func NewVendors(opts Options) (*Service, error) { return New(NameVendors, opts) }
@@ -39,7 +40,14 @@ type vendors struct{}
 
 func (vendors) open(*Service, string) error { return nil }
 
-func (vendors) effectKey(*http.Request) (string, bool) { return "", false } // reads only
+// effectKey counts every search, under "category=<c>", so that a test
+// sees how often a tool searched; a search has no effect.
+func (vendors) effectKey(r *http.Request) (string, bool) {
+	if r.URL.Path != "/v1/vendors" || r.Method != http.MethodGet {
+		return "", false
+	}
+	return "category=" + strings.ToLower(strings.TrimSpace(r.URL.Query().Get("category"))), true
+}
 
 func (vendors) serve(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path != "/v1/vendors" {
