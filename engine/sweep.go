@@ -98,6 +98,9 @@ func (e *Engine) sweepJob(ctx context.Context, ie kv.IndexEntry) error {
 				refs = append(refs, schemas.ValueRef{Digest: ch.Digest, Bytes: ch.Bytes})
 			}
 		}
+		for _, p := range ent.Checkpoint.Transcripts { // its agents' transcripts
+			refs = append(refs, p.Ref())
+		}
 		if len(refs) > 0 {
 			if err := e.store.Values.DeleteOwner(ctx, ent.Checkpoint.MsgPrefix(), refs); err != nil {
 				return fmt.Errorf("sweep job %s: delete its stored values: %w", ie.Job, err)

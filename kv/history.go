@@ -106,51 +106,32 @@ func (q *Queues) ResultWaiting(ctx context.Context, job, step string, attempt in
 // ResultPending reports whether the inbox holds the result of job's
 // dispatch (step, attempt, and map item or tool call, 0 for none) that no
 // engine has applied yet: a worker given the dispatch again need not run
-// it. It reads every result of the job waiting in the inbox (headers
-// only, through an ordered consumer), so it is meant for redeliveries.
+// it. It reads the job's results waiting in the inbox one by one (the
+// inbox is a work queue: a consumer could not share it), so it is meant
+// for a few.
 func (q *Queues) ResultPending(ctx context.Context, job, step string, attempt, item int) (bool, error) {
 	st, err := q.stream(ctx, q.names.InboxStream)
 	if err != nil {
 		return false, fmt.Errorf("read results of %s: %w", job, err)
 	}
 	subj := q.names.InboxSubject(InboxResult, job)
-	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subj))
-	if err != nil {
-		return false, fmt.Errorf("read results of %s: %w", job, err)
-	}
-	if info.State.Subjects[subj] == 0 {
-		return false, nil
-	}
-	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}, HeadersOnly: true})
-	if err != nil {
-		return false, fmt.Errorf("read results of %s: %w", job, err)
-	}
 	want, wantItem := strconv.Itoa(attempt), ""
 	if item > 0 {
 		wantItem = strconv.Itoa(item)
 	}
-	for seen := uint64(0); seen < info.State.Subjects[subj]; {
-		batch, err := cons.Fetch(64, jetstream.FetchMaxWait(2*time.Second))
+	for seq := uint64(1); ; {
+		m, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return false, nil
+		}
 		if err != nil {
 			return false, fmt.Errorf("read results of %s: %w", job, err)
 		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			h := m.Headers()
-			if h.Get(schemas.HeaderStep) == step && h.Get(schemas.HeaderAttempt) == want && h.Get(schemas.HeaderItem) == wantItem {
-				return true, nil
-			}
-			if md, err := m.Metadata(); err == nil && md.NumPending == 0 {
-				return false, nil
-			}
+		if m.Header.Get(schemas.HeaderStep) == step && m.Header.Get(schemas.HeaderAttempt) == want && m.Header.Get(schemas.HeaderItem) == wantItem {
+			return true, nil
 		}
-		if batch.Error() != nil || n == 0 {
-			return false, batch.Error()
-		}
-		seen += uint64(n)
+		seq = m.Sequence + 1
 	}
-	return false, nil
 }
 
 // InboxPending reports whether the inbox holds any message for job (a

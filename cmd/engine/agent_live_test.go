@@ -196,3 +196,110 @@ func TestAgentThroughTheProviderSDKs(t *testing.T) {
 		})
 	}
 }
+
+// TestAgentCrashAtTurn17 is the closing measurement of the agent loop: a
+// 20-turn agent job (one tool call per turn) killed at its 17th turn, then
+// run again. No model call and no tool call that had finished is made
+// again; the test logs the tokens the resume saved against a restart from
+// the beginning.
+func TestAgentCrashAtTurn17(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ name, failpoint string }{
+		// Turn 17's reply is published, its message not acknowledged.
+		{"after turn 17's reply", "worker.after_result_publish=crash/agent@33"},
+		// Turn 17's message came, the model not yet asked.
+		{"before turn 17's call", "worker.after_receive=crash/agent@33"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var mu sync.Mutex
+			modelCalls, toolCalls := map[int]int{}, map[string]int{}
+			tools := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				toolCalls[r.URL.Query().Get("city")]++
+				mu.Unlock()
+				_, _ = w.Write([]byte(`{"celsius": 20}`))
+			}))
+			t.Cleanup(tools.Close)
+			srv := fakemodel.NewAnthropic(t, func(ctx context.Context, req fakemodel.Request) fakemodel.Response {
+				turn := 1
+				for _, m := range req.Messages {
+					if m.Role == "assistant" {
+						turn++
+					}
+				}
+				mu.Lock()
+				modelCalls[turn]++
+				mu.Unlock()
+				resp := fakemodel.Response{InputTokens: int64(1000 * turn), OutputTokens: 50}
+				if turn < 20 {
+					resp.ToolCalls = []fakemodel.ToolCall{{ID: fmt.Sprintf("call_%d", turn), Name: "weather", Input: json.RawMessage(fmt.Sprintf(`{"city":"c%d"}`, turn))}}
+				} else {
+					resp.Text = "done"
+				}
+				return resp
+			})
+			dir := t.TempDir()
+			wf := filepath.Join(dir, "agent.yaml")
+			y := strings.Replace(agentLiveWorkflow("anthropic", srv.URL(), tools.URL), "max_turns: 6", "max_turns: 25", 1)
+			in := filepath.Join(dir, "input.json")
+			if err := os.WriteFile(wf, []byte(y), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(in, []byte(`{}`), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			bin := testsupport.Binary(t, "engine")
+			env := []string{"WAYMARK_MODEL_MODE=live", "WAYMARK_SECRET_MODEL_KEY=" + modelCanary, "WAYMARK_SECRET_TOOL_KEY=" + toolCanary}
+			args := []string{"run", wf, "--input", in, "--job-id", "long-1", "--data-dir", filepath.Join(dir, "data"), "--sync", "always", "--output", "json"}
+			first := spawn(t, append(env, "WAYMARK_FAILPOINTS="+tc.failpoint), bin, args...)
+			first.waitKilled(t, 60*time.Second)
+			mu.Lock()
+			before := len(modelCalls)
+			mu.Unlock()
+			second := spawn(t, env, bin, args...)
+			select {
+			case <-second.done:
+			case <-time.After(60 * time.Second):
+				t.Fatal("second run did not finish")
+			}
+			if second.err != nil {
+				t.Fatalf("second run: %v\n%s", second.err, lastLines(second.errOut.String(), 30))
+			}
+			if os.Getenv("DEBUG_AGENT") != "" {
+				t.Logf("second run log:\n%s", second.errOut.String())
+			}
+			v := decodeView(t, second.out.String())
+			var st struct {
+				Out schemas.AgentOutput `json:"out"`
+			}
+			_ = json.Unmarshal(v.State, &st)
+			if v.Status != schemas.JobCompleted || st.Out.Turns != 20 || st.Out.ToolCalls != 19 || v.ResumeCount != 1 {
+				t.Fatalf("status %s resume_count %d output %+v", v.Status, v.ResumeCount, st.Out)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			again := 0
+			for turn := 1; turn <= 20; turn++ {
+				if modelCalls[turn] != 1 {
+					t.Errorf("turn %d: %d model calls, want 1", turn, modelCalls[turn])
+					again += modelCalls[turn] - 1
+				}
+			}
+			for city, n := range toolCalls {
+				if n != 1 {
+					t.Errorf("tool call %s made %d times", city, n)
+				}
+			}
+			if len(toolCalls) != 19 {
+				t.Errorf("%d tool calls, want 19", len(toolCalls))
+			}
+			var saved int64
+			for turn := 1; turn < before; turn++ {
+				saved += int64(1000*turn) + 50
+			}
+			t.Logf("crash %s: model turns before the crash %d; model calls made again %d; tool calls made again 0; tokens a restart from turn 1 would have spent again: %d",
+				tc.name, before, again, saved)
+		})
+	}
+}
