@@ -292,7 +292,7 @@ func (w *Worker) runEffect(ctx context.Context, ps *preparedStep, c *Call, deliv
 				return nil, ambiguousError(&next)
 			}
 		}
-		w.cfg.Failpoints.InjectStep(ctx, failpoint.WorkerAfterPrepared, c.Step.ID)
+		w.cfg.Failpoints.InjectStep(ctx, failpoint.WorkerAfterPrepared, c.failpointStep())
 		next, _ := share(rec, c.Job)
 		if next == rec {
 			cp := *rec
@@ -322,7 +322,7 @@ func (w *Worker) runEffect(ctx context.Context, ps *preparedStep, c *Call, deliv
 	w.effectEvent(ctx, rec, rev, schemas.EventEffectDispatched)
 
 	out, runErr := safeRun(ctx, ps.runner, c)
-	w.cfg.Failpoints.InjectStep(ctx, failpoint.WorkerAfterRemoteCommit, c.Step.ID)
+	w.cfg.Failpoints.InjectStep(ctx, failpoint.WorkerAfterRemoteCommit, c.failpointStep())
 	// Whatever happened must be recorded, even if this attempt's context
 	// has ended meanwhile (a timeout, a worker shutting down).
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -387,7 +387,7 @@ func (w *Worker) confirm(ctx context.Context, rec *schemas.EffectRecord, rev uin
 			// ambiguous.
 			return nil, Retryable(fmt.Errorf("effect %s performed but not recorded: %w", rec.Key, err))
 		}
-		w.cfg.Failpoints.InjectStep(ctx, failpoint.WorkerAfterConfirm, c.Step.ID)
+		w.cfg.Failpoints.InjectStep(ctx, failpoint.WorkerAfterConfirm, c.failpointStep())
 		w.effectEvent(ctx, &next, nrev, schemas.EventEffectConfirmed)
 		if err := w.fence(ctx, c); err != nil {
 			return nil, err

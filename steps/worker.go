@@ -250,7 +250,7 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 		return
 	}
 	log := &lazyLog{base: w.log, sm: sm}
-	w.cfg.Failpoints.InjectStep(ctx, failpoint.WorkerAfterReceive, sm.Step)
+	w.cfg.Failpoints.InjectStep(ctx, failpoint.WorkerAfterReceive, failpointStep(sm.Step, sm.Tool))
 	if sm.NotBefore != nil {
 		if wait := time.Until(*sm.NotBefore); wait > 0 {
 			w.ctr.held.Add(1)
@@ -344,7 +344,7 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) {
 		_ = m.NakWithDelay(time.Second)
 		return
 	}
-	w.cfg.Failpoints.InjectStep(ctx, failpoint.WorkerAfterResultPublish, sm.Step)
+	w.cfg.Failpoints.InjectStep(ctx, failpoint.WorkerAfterResultPublish, failpointStep(sm.Step, sm.Tool))
 	if ps.step != nil && ps.def.EffectOf(ps.step) != schemas.EffectPure {
 		// Wait for the server to confirm the acknowledgement: a lost one
 		// would deliver the step again, and the effect would be attempted
@@ -820,3 +820,14 @@ func (w *Worker) cannotRun(ctx context.Context, m jetstream.Msg, sm *schemas.Ste
 func (w *Worker) handBackDelay(m jetstream.Msg) {
 	_ = m.NakWithDelay(min(max(w.store.Config.WorkAckWait/6, 100*time.Millisecond), 5*time.Second))
 }
+
+// failpointStep names a step attempt for failpoints: the step, or for an
+// agent's tool call "<step>.<tool>" (crash/<step> matches both).
+func failpointStep(step, tool string) string {
+	if tool == "" {
+		return step
+	}
+	return step + "." + tool
+}
+
+func (c *Call) failpointStep() string { return failpointStep(c.Step.ID, c.Tool) }

@@ -54,7 +54,7 @@ type ChildWait struct {
 // counted by where they stand, and the dispatches in flight.
 type FanView struct {
 	Step      string              `json:"step"`
-	Kind      string              `json:"kind"` // "parallel" or "map"
+	Kind      string              `json:"kind"` // "parallel", "map" or "agent"
 	Total     int                 `json:"total"`
 	Pending   int                 `json:"pending"` // map items not dispatched yet
 	Running   int                 `json:"running"` // in flight, retry delays included
@@ -65,6 +65,9 @@ type FanView struct {
 	Blocked   int                 `json:"blocked,omitempty"` // waiting for a person (its effect's outcome is unknown)
 	Chunks    int                 `json:"output_chunks,omitempty"`
 	InFlight  []*schemas.Dispatch `json:"in_flight,omitempty"`
+	// Agent is an agent step's loop so far: turns, tool calls, usage,
+	// the calls of the turn in flight and the transcript's parts.
+	Agent *schemas.AgentRun `json:"agent,omitempty"`
 }
 
 func newFanView(cp *schemas.Checkpoint) *FanView {
@@ -73,8 +76,11 @@ func newFanView(cp *schemas.Checkpoint) *FanView {
 	if f.Next == 0 && f.Total > 0 && len(f.Running) > 0 && f.Running[0].Item == 0 {
 		kind = "parallel"
 	}
+	if f.Agent != nil {
+		kind = "agent"
+	}
 	v := &FanView{Step: f.Step, Kind: kind, Total: f.Total, Running: len(f.Running), Completed: f.Done.Len(),
-		Failed: len(f.Failed), Cancelled: f.Cancelled.Len(), Chunks: len(f.Chunks), InFlight: f.Running}
+		Failed: len(f.Failed), Cancelled: f.Cancelled.Len(), Chunks: len(f.Chunks), InFlight: f.Running, Agent: f.Agent}
 	for _, d := range f.Running {
 		if d.NotBefore != nil {
 			v.Retrying++

@@ -193,7 +193,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	var cases []Point
 	for _, p := range points {
 		for _, s := range stepIDs {
-			cases = append(cases, Point{Failpoint: p, Step: s, EffectClass: string(def.EffectOf(def.Step(s)))})
+			step, tool := splitTool(def, s)
+			if tool == nil {
+				cases = append(cases, Point{Failpoint: p, Step: s, EffectClass: string(def.EffectOf(step))})
+			} else if strings.HasPrefix(p, "worker.") {
+				// A tool call is a worker's: the engine's points name the step.
+				cases = append(cases, Point{Failpoint: p, Step: s, EffectClass: string(def.ToolEffectOf(step, tool))})
+			}
 		}
 	}
 	sem := make(chan struct{}, cfg.Parallel)
@@ -230,11 +236,17 @@ func caseSteps(def *schemas.Definition, named []string) ([]string, error) {
 			if s.Kind != schemas.KindParallel {
 				out = append(out, s.ID)
 			}
+			for _, t := range s.Tools { // an agent's tool calls: "<step>.<tool>"
+				out = append(out, s.ID+"."+t.Name)
+			}
 		}
 		return out, nil
 	}
 	for _, id := range named {
-		s := def.Step(id)
+		s, tool := splitTool(def, id)
+		if tool != nil {
+			continue
+		}
 		if s == nil {
 			return nil, fmt.Errorf("crashtest: workflow %s has no step %q", def.Name, id)
 		}
@@ -243,6 +255,20 @@ func caseSteps(def *schemas.Definition, named []string) ([]string, error) {
 		}
 	}
 	return named, nil
+}
+
+// splitTool returns the step id names, or for "<step>.<tool>" the agent
+// step and its tool; nil when there is none.
+func splitTool(def *schemas.Definition, id string) (*schemas.Step, *schemas.Tool) {
+	if s := def.Step(id); s != nil {
+		return s, nil
+	}
+	step, name, ok := strings.Cut(id, ".")
+	s := def.Step(step)
+	if !ok || s == nil || s.ToolOf(name) == nil {
+		return nil, nil
+	}
+	return s, s.ToolOf(name)
 }
 
 func known(p string) bool {
@@ -460,7 +486,7 @@ func follow(ctx context.Context, cl *client.Client, store *kv.Store, running []*
 	}
 	c.ResumeCount = view.ResumeCount
 	for _, s := range view.Steps {
-		if s.Attempts > 1 {
+		if s.Attempts > 1 && s.Kind != schemas.KindAgent {
 			c.StepsRerun += s.Attempts - 1
 		}
 	}
@@ -491,9 +517,21 @@ func follow(ctx context.Context, cl *client.Client, store *kv.Store, running []*
 	if err != nil {
 		return err
 	}
+	// An agent's turns are attempts of its step by design: what was
+	// dispatched again is a turn or a tool call dispatched more than once.
+	dispatched := map[string]int{}
 	for _, e := range evs {
 		c.History = append(c.History, strings.TrimPrefix(e.Type, "dev.waymark."))
 		c.HistorySteps = append(c.HistorySteps, e.Data.Step)
+		if e.Type == schemas.EventStepDispatched && (e.Data.Turn > 0 || e.Data.Tool != "") {
+			key := fmt.Sprintf("%s/t%d/i%d", e.Data.Step, e.Data.Turn, e.Data.Item)
+			if e.Data.Tool != "" {
+				key = fmt.Sprintf("%s/i%d", e.Data.Step, e.Data.Item)
+			}
+			if dispatched[key]++; dispatched[key] > 1 {
+				c.StepsRerun++
+			}
+		}
 	}
 	return nil
 }
@@ -609,10 +647,20 @@ func refersTo(def *schemas.Definition, name string) bool {
 	return false
 }
 
-// stepRefersTo reports whether step s names service name in a template.
+// stepRefersTo reports whether step s (or one of its tools) names
+// service name in a template.
 func stepRefersTo(s *schemas.Step, name string) bool {
-	w := string(s.With)
-	return strings.Contains(w, `service \"`+name+`\"`) || strings.Contains(w, `service "`+name+`"`)
+	withs := []json.RawMessage{s.With}
+	for _, t := range s.Tools {
+		withs = append(withs, t.With)
+	}
+	for _, with := range withs {
+		w := string(with)
+		if strings.Contains(w, `service \"`+name+`\"`) || strings.Contains(w, `service "`+name+`"`) {
+			return true
+		}
+	}
+	return false
 }
 
 // withShortTimeout returns def with step's timeout cut to 1s and its
@@ -709,7 +757,23 @@ func (r *Report) Sorted(def *schemas.Definition) []Point {
 		if out[i].Failpoint != out[j].Failpoint {
 			return order[out[i].Failpoint] < order[out[j].Failpoint]
 		}
-		return def.StepIndex(out[i].Step) < def.StepIndex(out[j].Step)
+		// A tool's cases follow its agent step's, in the order of its tools.
+		si, ti := splitTool(def, out[i].Step)
+		sj, tj := splitTool(def, out[j].Step)
+		if si != sj {
+			return def.StepIndex(si.ID) < def.StepIndex(sj.ID)
+		}
+		return toolIndex(si, ti) < toolIndex(sj, tj)
 	})
 	return out
+}
+
+// toolIndex is t's place among s's tools, -1 for none (the step itself).
+func toolIndex(s *schemas.Step, t *schemas.Tool) int {
+	for i := range s.Tools {
+		if t != nil && s.Tools[i].Name == t.Name {
+			return i
+		}
+	}
+	return -1
 }

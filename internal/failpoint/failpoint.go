@@ -11,6 +11,10 @@
 // such time: an agent step's turns and tool calls), delay=DURATION (stall
 // there, or until the context ends). The idea follows FreeBSD's fail(9)
 // and etcd's gofail: names in the code, actions from configuration.
+//
+// An agent step's tool calls are reached as "<step>.<tool>" by the
+// worker's points: crash/STEP matches the step's model turns and every
+// tool call, crash/STEP.TOOL the calls of one tool.
 package failpoint
 
 import (
@@ -143,7 +147,7 @@ func (s *Set) InjectStep(ctx context.Context, point, step string) {
 	}
 	s.mu.Lock()
 	a, ok := s.points[point]
-	if !ok || (a.step != "" && a.step != step) {
+	if !ok || (a.step != "" && a.step != step && !strings.HasPrefix(step, a.step+".")) {
 		s.mu.Unlock()
 		return
 	}

@@ -135,3 +135,24 @@ func TestCrashOnNthHitOfOneStep(t *testing.T) {
 		t.Fatal("crash/agent@0 parsed")
 	}
 }
+
+func TestCrashForOneToolOfAnAgent(t *testing.T) {
+	t.Parallel()
+	s, err := Parse("worker.after_remote_commit=crash/agent.mail,worker.after_receive=crash/agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	crashes := 0
+	s.exit = func() { crashes++ }
+	s.InjectStep(context.Background(), WorkerAfterRemoteCommit, "agent.pay")
+	s.InjectStep(context.Background(), WorkerAfterRemoteCommit, "agent")
+	s.InjectStep(context.Background(), WorkerAfterRemoteCommit, "agentx.mail")
+	if crashes != 0 {
+		t.Fatalf("crash/agent.mail fired for another tool, the turn, or another step")
+	}
+	s.InjectStep(context.Background(), WorkerAfterReceive, "agent.pay")
+	s.InjectStep(context.Background(), WorkerAfterRemoteCommit, "agent.mail")
+	if crashes != 2 {
+		t.Fatalf("crashes = %d, want crash/agent for a tool call and crash/agent.mail for its tool", crashes)
+	}
+}
