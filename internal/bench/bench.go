@@ -44,6 +44,10 @@ const (
 	// followed by one step; Branches+1 steps per job (the parallel step
 	// itself is the engine's and is not counted).
 	ShapeParallel = "parallel"
+	// ShapeAgent: jobs of one agent step of Config.Turns model turns,
+	// replayed from a cassette, each turn but the last calling one pure
+	// no-op tool; 2*Turns-1 steps per job (turns and tool calls).
+	ShapeAgent = "agent"
 )
 
 // Defaults and bounds of the map and parallel shapes.
@@ -51,6 +55,8 @@ const (
 	DefaultItems           = 10000 // Config.Items of ShapeMap
 	DefaultItemConcurrency = 100   // Config.ItemConcurrency of ShapeMap
 	DefaultBranches        = 8     // Config.Branches of ShapeParallel
+	DefaultTurns           = 20    // Config.Turns of ShapeAgent
+	MaxTurns               = 200   // the most Config.Turns taken
 	MaxBranches            = 64    // the most Config.Branches taken
 	// BaselineSteps is the length of the chain jobs a map is compared with.
 	BaselineSteps = 10
@@ -68,8 +74,11 @@ type Config struct {
 	ItemConcurrency int `json:"item_concurrency,omitempty"`
 	// Branches is the number of branches of a parallel job (ShapeParallel
 	// only; default DefaultBranches, at most MaxBranches).
-	Branches    int `json:"branches,omitempty"`
-	Concurrency int `json:"concurrency"`   // jobs in flight; default Jobs
+	Branches int `json:"branches,omitempty"`
+	// Turns is the number of model turns of an agent job (ShapeAgent only;
+	// default DefaultTurns, at most MaxTurns).
+	Turns       int `json:"turns,omitempty"`
+	Concurrency int `json:"concurrency"` // jobs in flight; default Jobs
 	Payload     int `json:"payload_bytes"` // state size in bytes; default 1024
 	// StateValues splits the payload into that many state members of
 	// Payload/StateValues bytes each (v1..vN); 0 or 1: one member. Members
@@ -125,6 +134,10 @@ func (c Config) WithDefaults() Config {
 	case ShapeParallel:
 		if c.Branches == 0 {
 			c.Branches = DefaultBranches
+		}
+	case ShapeAgent:
+		if c.Turns == 0 {
+			c.Turns = DefaultTurns
 		}
 	}
 	if c.Concurrency == 0 {
@@ -190,9 +203,12 @@ func (c Config) validateShape() error {
 			return fmt.Errorf("bench: branches are for the parallel shape, not chain")
 		}
 		return nil
-	case ShapeMap, ShapeParallel:
+	case ShapeMap, ShapeParallel, ShapeAgent:
 	default:
-		return fmt.Errorf("bench: shape %q: want chain, map or parallel", c.Shape)
+		return fmt.Errorf("bench: shape %q: want chain, map, parallel or agent", c.Shape)
+	}
+	if c.Turns != 0 && c.Shape != ShapeAgent {
+		return fmt.Errorf("bench: turns are for the agent shape, not %s", c.Shape)
 	}
 	switch {
 	case c.Steps != 0:
@@ -203,6 +219,15 @@ func (c Config) validateShape() error {
 		return fmt.Errorf("bench: the floor is measured for the chain shape only, not %s", c.Shape)
 	case !c.Engine:
 		return fmt.Errorf("bench: the %s shape measures Waymark: Engine must be set", c.Shape)
+	}
+	if c.Shape == ShapeAgent {
+		switch {
+		case c.Turns < 1 || c.Turns > MaxTurns:
+			return fmt.Errorf("bench: turns %d: want 1..%d", c.Turns, MaxTurns)
+		case c.Items != 0 || c.ItemConcurrency != 0 || c.Branches != 0:
+			return fmt.Errorf("bench: items, item concurrency and branches are not for the agent shape")
+		}
+		return nil
 	}
 	if c.Shape == ShapeMap {
 		switch {
@@ -244,6 +269,8 @@ func (c Config) stepsPerJob() int {
 		return c.Items
 	case ShapeParallel:
 		return c.Branches + 1
+	case ShapeAgent:
+		return 2*c.Turns - 1
 	}
 	return c.Steps
 }

@@ -180,6 +180,13 @@ func countSteps(cfg Config, state json.RawMessage) int {
 		}
 		return len(outs)
 	}
+	if cfg.Shape == ShapeAgent {
+		var out schemas.AgentOutput
+		if json.Unmarshal(st["out"], &out) != nil {
+			return 0
+		}
+		return out.Turns + out.ToolCalls
+	}
 	n := 0
 	for i := 1; i <= cfg.Branches; i++ {
 		if _, ok := st["b"+strconv.Itoa(i)]; ok {
@@ -264,6 +271,30 @@ func benchDefinition(cfg Config) (*schemas.Definition, error) {
 		return parseBench(b.String(), "")
 	}
 	dir := ""
+	if cfg.Shape == ShapeAgent {
+		d, err := os.MkdirTemp("", "waymark-bench-def-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(d)
+		var inter []map[string]any
+		for i := 1; i <= cfg.Turns; i++ {
+			reply := map[string]any{"text": "done", "usage": map[string]int{"input_tokens": 1000 * i, "output_tokens": 50}}
+			if i < cfg.Turns {
+				reply = map[string]any{"text": "", "usage": map[string]int{"input_tokens": 1000 * i, "output_tokens": 50},
+					"tool_calls": []map[string]any{{"id": fmt.Sprintf("call_%d", i), "name": "look", "input": map[string]int{"n": i}}}}
+			}
+			inter = append(inter, map[string]any{"step": "agent", "turn": i, "replies": []map[string]any{reply}})
+		}
+		data, _ := json.Marshal(map[string]any{"version": 1, "interactions": inter})
+		if err := os.WriteFile(filepath.Join(d, "cassette.json"), data, 0o600); err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(&b, "assets: {cassette: cassette.json}\nsteps:\n  - id: agent\n    kind: agent\n    save_as: out\n"+
+			"    with: {provider: replay, prompt: 'work', cassette: cassette}\n    limits: {max_turns: %d}\n"+
+			"    tools: [{name: look, kind: noop, effect: pure, input_schema: {type: object}}]\n", cfg.Turns)
+		return parseBench(b.String(), d)
+	}
 	if cfg.Kind == "model" {
 		d, err := os.MkdirTemp("", "waymark-bench-def-")
 		if err != nil {

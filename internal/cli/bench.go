@@ -39,8 +39,10 @@ the chain jobs it is compared with: ten no-op steps each, the same total steps,
 as many steps in flight as the map has items. It prints both, the ratio of the
 map's steps/s to the chain's, and the largest checkpoint written at any time.
 --shape parallel runs jobs of one parallel step of --branches no-op branches and
-a no-op step after it (branches + 1 steps per job). The floor is the chain
-shape's only.`,
+a no-op step after it (branches + 1 steps per job). --shape agent runs jobs
+of one agent step of --turns model turns replayed from a cassette, every turn
+but the last calling one pure no-op tool; it prints turns/s. The floor is the
+chain shape's only.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(output); err != nil {
@@ -91,12 +93,13 @@ shape's only.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&c.Shape, "shape", bench.ShapeChain, "jobs' shape: chain (--steps steps), map (one for_each step over --items items) or parallel (--branches branches, then one step)")
+	f.StringVar(&c.Shape, "shape", bench.ShapeChain, "jobs' shape: chain (--steps steps), map (one for_each step over --items items), parallel (--branches branches, then one step) or agent (--turns turns, a tool call each)")
 	f.IntVar(&c.Jobs, "jobs", 100, "jobs per round (default 1 with --shape map)")
 	f.IntVar(&c.Steps, "steps", 10, "steps per job (--shape chain)")
 	f.IntVar(&c.Items, "items", bench.DefaultItems, "items per map job (--shape map)")
 	f.IntVar(&c.ItemConcurrency, "item-concurrency", bench.DefaultItemConcurrency, "a map job's items in flight, its for_each.concurrency: 1..1000 (--shape map)")
 	f.IntVar(&c.Branches, "branches", bench.DefaultBranches, "branches of a parallel job: 1..64 (--shape parallel)")
+	f.IntVar(&c.Turns, "turns", bench.DefaultTurns, "model turns of an agent job: 1..200 (--shape agent)")
 	f.IntVar(&c.Concurrency, "concurrency", 0, "jobs in flight (default: all of them)")
 	f.IntVar(&c.Payload, "payload", 1024, "state size in bytes (1..524288; up to 16 MiB with --state-values)")
 	f.IntVar(&c.StateValues, "state-values", 0, "split the payload into this many state members (members over 64 KiB are kept by reference)")
@@ -186,13 +189,13 @@ checkpoint, and when the last job completed. Linux only.`,
 // flag, and clears in c what its shape does not use (changed says which
 // flags were given); a map takes one job unless --jobs says.
 func checkBenchShape(c *bench.Config, floorOnly bool, changed func(string) bool) error {
-	only := map[string]string{"steps": bench.ShapeChain, "items": bench.ShapeMap, "item-concurrency": bench.ShapeMap, "branches": bench.ShapeParallel}
+	only := map[string]string{"steps": bench.ShapeChain, "items": bench.ShapeMap, "item-concurrency": bench.ShapeMap, "branches": bench.ShapeParallel, "turns": bench.ShapeAgent}
 	switch c.Shape {
-	case bench.ShapeChain, bench.ShapeMap, bench.ShapeParallel:
+	case bench.ShapeChain, bench.ShapeMap, bench.ShapeParallel, bench.ShapeAgent:
 	default:
-		return fmt.Errorf("--shape %q: want chain, map or parallel", c.Shape)
+		return fmt.Errorf("--shape %q: want chain, map, parallel or agent", c.Shape)
 	}
-	for _, name := range []string{"steps", "items", "item-concurrency", "branches"} {
+	for _, name := range []string{"steps", "items", "item-concurrency", "branches", "turns"} {
 		if changed(name) && only[name] != c.Shape {
 			return fmt.Errorf("--%s is for --shape %s, not %s", name, only[name], c.Shape)
 		}
@@ -212,6 +215,10 @@ func checkBenchShape(c *bench.Config, floorOnly bool, changed func(string) bool)
 		if c.Branches < 1 || c.Branches > bench.MaxBranches {
 			return fmt.Errorf("--branches %d: want 1..%d", c.Branches, bench.MaxBranches)
 		}
+	case bench.ShapeAgent:
+		if c.Turns < 1 || c.Turns > bench.MaxTurns {
+			return fmt.Errorf("--turns %d: want 1..%d", c.Turns, bench.MaxTurns)
+		}
 	}
 	if c.Shape != bench.ShapeChain {
 		if c.Kind != "noop" {
@@ -227,6 +234,9 @@ func checkBenchShape(c *bench.Config, floorOnly bool, changed func(string) bool)
 	}
 	if c.Shape != bench.ShapeParallel {
 		c.Branches = 0
+	}
+	if c.Shape != bench.ShapeAgent {
+		c.Turns = 0
 	}
 	return nil
 }
@@ -289,6 +299,9 @@ func printBench(w io.Writer, r *bench.Result) {
 		return
 	case bench.ShapeParallel:
 		printBenchParallel(w, r, where)
+		return
+	case bench.ShapeAgent:
+		printBenchAgent(w, r, where)
 		return
 	}
 	fmt.Fprintf(w, "shape chain: %d jobs x %d %s steps, %d in flight, %d-byte state, sync %s, %s queues, %s, %d round(s)\n\n",
@@ -390,4 +403,26 @@ func printBenchParallel(w io.Writer, r *bench.Result, where string) {
 	if r.WritesPerCommit > 0 {
 		fmt.Fprintf(w, "group commit: %.1f checkpoint writes per atomic batch\n", r.WritesPerCommit)
 	}
+}
+
+func printBenchAgent(w io.Writer, r *bench.Result, where string) {
+	c := r.Config
+	fmt.Fprintf(w, "shape agent: %d jobs x (one agent step of %d replayed model turns, a pure noop tool call after each but the last) = %d dispatches per job, %d jobs in flight, sync %s, %s queues, %s, %d round(s)\n\n",
+		c.Jobs, c.Turns, 2*c.Turns-1, c.Concurrency, c.Sync, c.Queues, where, c.Rounds)
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "\twaymark\t")
+	row := func(name string, v float64, format string) { fmt.Fprintf(tw, "%s\t"+format+"\t\n", name, v) }
+	perTurn := float64(2*c.Turns-1) / float64(c.Turns)
+	row("turns/s", r.StepsPerS/perTurn, "%.0f")
+	row("dispatches/s (turns and tool calls)", r.StepsPerS, "%.0f")
+	row("job p50 ms", r.JobP50Ms, "%.1f")
+	row("job p99 ms", r.JobP99Ms, "%.1f")
+	row("CPU us/dispatch", r.CPUUsPerStep, "%.0f")
+	row("JetStream ops/dispatch", r.JSOpsPerStep, "%.1f")
+	row("stored msgs/dispatch", r.JSWritesPerStep, "%.1f")
+	row("bytes written/dispatch", r.BytesWrittenPerStep, "%.0f")
+	row("peak RSS MiB", float64(r.EnginePeakRSS)/(1<<20), "%.1f")
+	_ = tw.Flush()
+	fmt.Fprintf(w, "\njobs completed: %d of %d; largest final checkpoint: %d bytes; largest written at any time: %d bytes; CPU and memory are of the whole process (server, engine, worker)\n",
+		r.JobsCompleted, c.Jobs, r.CheckpointBytes, r.MaxCheckpointBytes)
 }
