@@ -78,7 +78,7 @@ type Config struct {
 	// Turns is the number of model turns of an agent job (ShapeAgent only;
 	// default DefaultTurns, at most MaxTurns).
 	Turns       int `json:"turns,omitempty"`
-	Concurrency int `json:"concurrency"` // jobs in flight; default Jobs
+	Concurrency int `json:"concurrency"`   // jobs in flight; default Jobs
 	Payload     int `json:"payload_bytes"` // state size in bytes; default 1024
 	// StateValues splits the payload into that many state members of
 	// Payload/StateValues bytes each (v1..vN); 0 or 1: one member. Members
