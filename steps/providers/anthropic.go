@@ -29,8 +29,10 @@ type anthropicProvider struct {
 // without properties). A conversation, or a request with tools, marks its
 // stable prefix for prompt caching
 // (https://docs.anthropic.com/en/docs/build-with-claude/prompt-caching):
-// cache_control {"type": "ephemeral"} (5 minutes) on the system block and
-// on the last tool definition; a single prompt without tools is sent
+// cache_control {"type": "ephemeral"} (5 minutes) on the system block, on
+// the last tool definition and, in a conversation of more than one message,
+// on the last block of its last message, so that the next turn reads the
+// turns before it from the cache; a single prompt without tools is sent
 // without, as a one-off call gains nothing from a cache write. The reply's
 // text is the concatenation of its text blocks, its tool_use blocks are
 // Reply.ToolCalls in order, and the usage carries
@@ -158,6 +160,16 @@ func anthropicMessages(req Request) []anthropic.MessageParam {
 					result.IsError = anthropic.Bool(true)
 				}
 				blocks = append(blocks, anthropic.ContentBlockParamUnion{OfToolResult: result})
+			}
+		}
+		if len(out) == len(req.Messages)-1 && len(req.Messages) > 1 && len(blocks) > 0 {
+			// The conversation so far is the next turn's prefix: cache it.
+			last := &blocks[len(blocks)-1]
+			switch {
+			case last.OfText != nil:
+				last.OfText.CacheControl = anthropic.NewCacheControlEphemeralParam()
+			case last.OfToolResult != nil:
+				last.OfToolResult.CacheControl = anthropic.NewCacheControlEphemeralParam()
 			}
 		}
 		if m.Role == RoleAssistant {

@@ -174,6 +174,23 @@ func assertToolsDeclared(t *testing.T, provider string, turn int, seen fakemodel
 	if got := seen.Tools[len(seen.Tools)-1].CacheControl; got != wantLastToolCache {
 		t.Errorf("turn %d: last tool cache_control %q, want %q", turn, got, wantLastToolCache)
 	}
+	// The conversation so far is the next turn's prefix: its last block is
+	// a cache breakpoint, and no other message block is.
+	marks := 0
+	for i, m := range seen.Messages {
+		for j, b := range m.Blocks {
+			if b.CacheControl == "" {
+				continue
+			}
+			marks++
+			if i != len(seen.Messages)-1 || j != len(m.Blocks)-1 {
+				t.Errorf("turn %d: message %d block %d has cache_control; only the last block of the last message should", turn, i, j)
+			}
+		}
+	}
+	if want := map[bool]int{true: 1, false: 0}[provider == providers.Anthropic && len(seen.Messages) > 1]; marks != want {
+		t.Errorf("turn %d: %d message blocks with cache_control, want %d", turn, marks, want)
+	}
 }
 
 func jsonEqual(t *testing.T, a, b json.RawMessage) bool {
