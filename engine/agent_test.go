@@ -5,7 +5,12 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/waymark-dev/waymark/internal/testsupport"
+	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
 )
 
@@ -283,5 +288,72 @@ func TestAgentTurnWaitingForARateLimitUsesNoAttempt(t *testing.T) {
 	next(t, ch).reply(json.RawMessage(`{}`), nil)
 	if v := b.wait(id); v.Status != schemas.JobCompleted {
 		t.Fatalf("status %s, error %+v", v.Status, v.Error)
+	}
+}
+
+// TestAgentToolCallWithUnknownOutcomeWaitsForAPerson: an unsafe tool's
+// call fails for good while its effect may have happened; the job stops in
+// needs_reconciliation naming the call and its arguments; the turn's other
+// call finishes meanwhile and no turn is dispatched; the resolution sends
+// that call again under the same key, and the loop goes on.
+func TestAgentToolCallWithUnknownOutcomeWaitsForAPerson(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	y := strings.Replace(agentFlow, "      - {name: search, kind: noop, effect: pure}", "      - {name: search, kind: noop, effect: pure}\n      - {name: mail, kind: noop, effect: unsafe}", 1)
+	def := b.define(y)
+	id := b.start(def, `{}`, "agent-unsafe")
+	next(t, ch).reply(turnOut(t, true, "", [3]string{"m1", "mail", `{"to":"ops@example.com"}`}, [3]string{"s1", "search", `{}`}), nil)
+	var mail, search held
+	for range 2 {
+		h := next(t, ch)
+		if h.sm.Tool == "mail" {
+			mail = h
+		} else {
+			search = h
+		}
+	}
+	key := mail.sm.EffectKey
+	if want := id + "/agent/turn-1/m1"; key != want {
+		t.Fatalf("mail key %q, want %q", key, want)
+	}
+	mail.send(&schemas.StepResult{Job: id, Step: "agent", Attempt: mail.sm.Attempt, Item: mail.sm.Item, EffectKey: key,
+		EffectState: schemas.EffectDispatched, Error: &schemas.Error{Code: schemas.CodeTimeout, Message: "no answer from the mail server"}})
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		v, _ := b.client.Job(context.Background(), id)
+		return v != nil && v.Status == schemas.JobNeedsReconciliation
+	}, "the job did not stop for reconciliation")
+	v, _ := b.client.Job(context.Background(), id)
+	if v.Blocked == nil || v.Blocked.EffectKey != key || !strings.Contains(v.Blocked.Reason, `tool mail, call m1 with arguments {"to":"ops@example.com"}`) {
+		t.Fatalf("blocked %+v", v.Blocked)
+	}
+	search.reply(json.RawMessage(`"found"`), nil) // in flight: still applied
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		v, _ := b.client.Job(context.Background(), id)
+		return v.Fan != nil && v.Fan.Agent != nil && v.Fan.Agent.Calls[1].Done
+	}, "the call in flight was not applied")
+	select {
+	case h := <-ch:
+		t.Fatalf("turn %d tool %q was dispatched while the job waits for a person", h.sm.Turn, h.sm.Tool)
+	case <-time.After(200 * time.Millisecond):
+	}
+	sig := nats.NewMsg(b.store.Names.InboxSubject(kv.InboxSignal, id))
+	sig.Data, _ = json.Marshal(schemas.Signal{Job: id, Type: schemas.SignalEffectResolved, Key: key, By: "test"})
+	if _, err := b.store.JS.PublishMsg(context.Background(), sig); err != nil {
+		t.Fatal(err)
+	}
+	again := next(t, ch)
+	if again.sm.Tool != "mail" || again.sm.Attempt != mail.sm.Attempt+1 || again.sm.EffectKey != key {
+		t.Fatalf("after the resolution came tool %q attempt %d key %s", again.sm.Tool, again.sm.Attempt, again.sm.EffectKey)
+	}
+	again.reply(json.RawMessage(`{"sent": true}`), nil)
+	t2 := next(t, ch)
+	if msgs := b.transcriptOf(t2.sm); t2.sm.Turn != 2 || len(msgs) != 3 || len(msgs[2].Content) != 2 || msgs[2].Content[0].ToolUseID != "m1" {
+		t.Fatalf("turn %d transcript %+v", t2.sm.Turn, msgs)
+	}
+	t2.reply(turnOut(t, false, "done"), nil)
+	next(t, ch).reply(json.RawMessage(`{}`), nil)
+	if v := b.wait(id); v.Status != schemas.JobCompleted {
+		t.Fatalf("status %s error %+v", v.Status, v.Error)
 	}
 }
