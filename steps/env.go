@@ -54,6 +54,11 @@ type Env struct {
 	// ProviderURLs overrides a model provider's base URL by provider name
 	// ("anthropic", "openai"): for proxies and tests.
 	ProviderURLs map[string]string
+	// MCPServers maps a name to the command line of an MCP server the
+	// worker starts for an mcp step that names it (with.server), speaking
+	// MCP over its stdin and stdout. A definition names servers; only the
+	// worker says what runs.
+	MCPServers map[string][]string
 	// RateLimits is where workers share providers' rate limits (a 429's
 	// Retry-After); nil: each call finds the limit on its own. NewWorker
 	// sets the store's (kv.Limits) when it is nil.

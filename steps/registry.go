@@ -191,6 +191,7 @@ func Builtins() *Registry {
 	_ = r.Register(schemas.KindHTTP, httpKind{})
 	_ = r.Register(schemas.KindModel, modelKind{})
 	_ = r.Register(schemas.KindAgent, agentKind{})
+	_ = r.Register(KindMCP, mcpKind{})
 	return r
 }
 

@@ -21,6 +21,7 @@ var templatePaths = map[string][]string{
 	schemas.KindHTTP:  {"/url", "/headers/*", "/body/**", "/lookup/url"},
 	schemas.KindModel: {"/system", "/prompt"},
 	schemas.KindAgent: {"/system", "/prompt"},
+	KindMCP:           {"/url", "/headers/*", "/arguments/**"},
 }
 
 // elem stands for "an item of" in a field chain: the dot inside {{range}}.

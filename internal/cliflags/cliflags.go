@@ -386,6 +386,7 @@ type StepFlags struct {
 	ModelMode  string   // --model-mode; env WAYMARK_MODEL_MODE; default steps.ModelAuto
 	SecretsDir string   // --secrets-dir; env WAYMARK_SECRETS_DIR; default $CREDENTIALS_DIRECTORY
 	SecretEnv  []string // --secret-env NAME, repeatable; env WAYMARK_SECRETS_ENV, comma-separated
+	MCPServers []string // --mcp-server NAME='command args', repeatable
 	AllowKinds []string // kinds a definition may use beyond the built-ins (set by commands that load definitions)
 	Flags      *pflag.FlagSet
 }
@@ -396,6 +397,7 @@ func (s *StepFlags) Bind(cmd *cobra.Command) {
 	f := cmd.Flags()
 	s.Flags = f
 	f.StringArrayVar(&s.Services, "service", nil, "name=URL of a service that step templates reach as {{service \"name\"}} (repeatable)")
+	f.StringArrayVar(&s.MCPServers, "mcp-server", nil, "NAME='command args' of an MCP server over stdio that mcp steps and tools reach as with.server NAME (repeatable)")
 	f.StringVar(&s.ModelMode, "model-mode", EnvOr("WAYMARK_MODEL_MODE", steps.ModelAuto), "model steps: auto (live when the API key is set, else the cassette), live or replay (env WAYMARK_MODEL_MODE)")
 	f.StringVar(&s.SecretsDir, "secrets-dir", EnvOr("WAYMARK_SECRETS_DIR", os.Getenv("CREDENTIALS_DIRECTORY")),
 		"directory of secret files for {{secret \"NAME\"}}, one file per secret (env WAYMARK_SECRETS_DIR; default systemd's $CREDENTIALS_DIRECTORY)")
@@ -444,7 +446,11 @@ func (s *StepFlags) Env() (*steps.Env, error) {
 			return nil, fmt.Errorf("--secret-env %q: want an environment variable name (letters, digits and '_', not starting with a digit)", n)
 		}
 	}
-	return &steps.Env{Services: svc, ModelMode: s.ModelMode, Secrets: steps.Secrets{Dir: s.SecretsDir, Env: s.SecretEnv}}, nil
+	mcp, err := steps.ParseMCPServers(s.MCPServers)
+	if err != nil {
+		return nil, err
+	}
+	return &steps.Env{Services: svc, ModelMode: s.ModelMode, Secrets: steps.Secrets{Dir: s.SecretsDir, Env: s.SecretEnv}, MCPServers: mcp}, nil
 }
 
 // NoArgs refuses positional arguments with exit status 2 (usage).
