@@ -273,6 +273,8 @@ func (r *Registry) CheckAnyWorker(env *Env, allowed ...string) schemas.CheckFunc
 		return "(a key the worker has)" // any provider key: assume the worker was given it
 	}
 	replay.ModelMode = ModelReplay
+	// Workers elsewhere may have MCP servers this process was not told of.
+	live.MCPServers, replay.MCPServers = nil, nil
 	return r.check(allowed, func(k Kind, p *Prep) []schemas.Problem {
 		ptr := p.pathOf() + "/with"
 		lp, rp := *p, *p
