@@ -56,6 +56,14 @@ type Request struct {
 	Step    string
 	Attempt int
 	Turn    int
+
+	// OnText, when set, asks for the reply as it is made: the provider
+	// streams it (Anthropic's and OpenAI's streaming APIs; the replay
+	// provider in pieces of its recorded text) and calls OnText with each
+	// piece of text, in order, from the goroutine that called Complete,
+	// before Complete returns. The Reply is what it would be without. The
+	// pieces of a call that then fails are not taken back.
+	OnText func(text string)
 }
 
 // Message roles.
