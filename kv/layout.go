@@ -273,6 +273,13 @@ func (n Names) WorkConsumer(pool string) string { return n.prefix + "-work-" + p
 // InboxSubject is where messages of kind (InboxStart, InboxResult) for job go.
 func (n Names) InboxSubject(kind, job string) string { return n.InboxPrefix + kind + "." + job }
 
+// StreamSubject is the core NATS subject (no stream stores it) on which
+// workers publish the text of job's agent turns as it is made:
+// "<prefix>.stream.<job>", one message per piece, its headers naming the
+// step (Waymark-Step), turn (Waymark-Agent-Turn) and attempt. It is for
+// watching only: the durable record is the turn's result.
+func (n Names) StreamSubject(job string) string { return n.prefix + ".stream." + job }
+
 // HistorySubject is the subject of job's transitions on the history
 // stream: one message per checkpoint sequence, written by engines.
 func (n Names) HistorySubject(job string) string { return n.HistoryPrefix + job }

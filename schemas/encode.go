@@ -197,18 +197,33 @@ type HistoryEvent struct {
 }
 
 // AppendHistoryBatch appends a CloudEvents JSON batch (a JSON array of
-// events; CloudEvents 1.0 JSON format, section 4) of job's events, all of
-// checkpoint sequence seq, to dst. Event ids are "<job>/<seq>/<n>".
+// events; CloudEvents 1.0 JSON format, section 4) of job's events, the
+// outbox of checkpoint sequence seq, to dst. Event ids are
+// "<job>/<seq>/<n>": the sequence of the transition that wrote the event
+// (Data.Seq; seq when unset) and its index among that transition's
+// events, from 0.
 func AppendHistoryBatch(dst []byte, source, job string, seq uint64, evs []Event) []byte {
 	w := jsonw{b: append(dst, '[')}
-	prefix := job + "/" + strconv.FormatUint(seq, 10) + "/"
+	// Each event's id names the transition that made it (its own Seq, a
+	// batch holding several) and its place among that transition's
+	// events, as CheckpointHistory numbers the outbox: the same event
+	// read from either has the same id.
+	evSeq, n := uint64(0), 0
 	for i := range evs {
 		if i > 0 {
 			w.b = append(w.b, ',')
 		}
+		s := evs[i].Data.Seq
+		if s == 0 {
+			s = seq
+		}
+		if s != evSeq {
+			evSeq, n = s, 0
+		}
 		w.open()
 		w.strField("specversion", "1.0")
-		w.strField("id", prefix+strconv.Itoa(i))
+		w.strField("id", job+"/"+strconv.FormatUint(s, 10)+"/"+strconv.Itoa(n))
+		n++
 		w.strField("source", source)
 		w.strField("type", evs[i].Type)
 		w.strField("subject", job)

@@ -145,3 +145,34 @@ func BenchmarkCheckpointDecode(b *testing.B) {
 		}
 	}
 }
+
+// TestHistoryBatchIDsMatchTheOutbox: an event published in a batch that
+// holds several transitions has the id CheckpointHistory gives it from
+// the outbox, so a reader of both (client.Wait) sees each event once and
+// none is taken for another.
+func TestHistoryBatchIDsMatchTheOutbox(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	evs := []Event{
+		{Type: EventStepCompleted, Time: at, Data: HistoryData{Job: "j", Seq: 3, Step: "a"}},
+		{Type: EventStepDispatched, Time: at, Data: HistoryData{Job: "j", Seq: 3, Step: "b"}},
+		{Type: EventStepCompleted, Time: at, Data: HistoryData{Job: "j", Seq: 4, Step: "b"}},
+		{Type: EventJobCompleted, Time: at, Data: HistoryData{Job: "j", Seq: 4}},
+	}
+	got, err := DecodeHistory(AppendHistoryBatch(nil, HistorySourceEngine, "j", 4, evs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := CheckpointHistory("j", evs)
+	if len(got) != len(want) {
+		t.Fatalf("%d events, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if got[i].ID != want[i].ID || got[i].Type != want[i].Type {
+			t.Errorf("event %d: %s %s, want %s %s", i, got[i].ID, got[i].Type, want[i].ID, want[i].Type)
+		}
+	}
+	if want[2].ID != "j/4/0" || want[1].ID != "j/3/1" {
+		t.Errorf("ids %s, %s: want j/3/1 and j/4/0", want[1].ID, want[2].ID)
+	}
+}

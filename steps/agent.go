@@ -74,6 +74,9 @@ func (r *agentRunner) run(ctx context.Context, c *Call) (any, error) {
 		pm := agentMessage(first)
 		out.Prompt = &pm
 	}
+	if c.Stream != nil {
+		req.OnText = c.scrubbedStream()
+	}
 	provider, err := r.m.provider(c)
 	if err != nil {
 		return nil, err
@@ -116,4 +119,12 @@ func agentMessage(m providers.Message) schemas.AgentMessage {
 		out.Content[i] = schemas.AgentBlock{Type: b.Type, Text: b.Text, ToolUseID: b.ToolUseID, Name: b.Name, Input: b.Input, Content: b.Content, IsError: b.IsError}
 	}
 	return out
+}
+
+// scrubbedStream returns c.Stream with each piece scrubbed of the call's
+// secrets first (a secret split across two pieces is not seen: the
+// model does not know the keys, so its text rarely holds one).
+func (c *Call) scrubbedStream() func(string) {
+	s := c.scrubber()
+	return func(text string) { c.Stream(s.outputText(text)) }
 }

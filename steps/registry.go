@@ -92,6 +92,9 @@ type Call struct {
 	Tool       string
 	Turn       int
 	Transcript []providers.Message
+	// Stream, when set, receives the text of an agent turn as the model
+	// makes it (the worker publishes it on kv.Names.StreamSubject).
+	Stream func(text string)
 	// Log, when set, receives the step's log; see Logger.
 	Log *slog.Logger
 	Env *Env

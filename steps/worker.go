@@ -406,6 +406,7 @@ func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm 
 			return fail(err)
 		}
 		call.Transcript = msgs
+		call.Stream = w.streamer(sm)
 	}
 	if ps.input != nil {
 		// A map item's input_schema is the item's.
@@ -598,6 +599,26 @@ func (w *Worker) resolveState(ctx context.Context, sm *schemas.StepMessage) (jso
 		return nil, &schemas.Error{Code: schemas.CodeInputInvalid, Retryable: true, Message: "read the state's stored values: " + err.Error()}
 	}
 	return state, nil
+}
+
+// streamer returns the function that publishes an agent turn's text on
+// the job's stream subject, best effort: core NATS, nothing stored, a
+// lost piece only a gap in what a watcher sees.
+func (w *Worker) streamer(sm *schemas.StepMessage) func(string) {
+	nc := w.store.JS.Conn()
+	subj := w.store.Names.StreamSubject(sm.Job)
+	turn, attempt := strconv.Itoa(sm.Turn), strconv.Itoa(sm.Attempt)
+	return func(text string) {
+		if text == "" {
+			return
+		}
+		m := nats.NewMsg(subj)
+		m.Header.Set(schemas.HeaderStep, sm.Step)
+		m.Header.Set(schemas.HeaderTurn, turn)
+		m.Header.Set(schemas.HeaderAttempt, attempt)
+		m.Data = []byte(text)
+		_ = nc.PublishMsg(m)
+	}
 }
 
 // transcript reads an agent turn's transcript parts from the value store.

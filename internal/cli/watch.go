@@ -1,0 +1,150 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+
+	"github.com/waymark-dev/waymark/engine/client"
+	"github.com/waymark-dev/waymark/kv"
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// watchLine is one line of engine watch --output json: a history event, or
+// a piece of an agent turn's text as the model made it.
+type watchLine struct {
+	Kind  string                `json:"kind"` // "event" or "text"
+	Event *schemas.HistoryEvent `json:"event,omitempty"`
+	Step  string                `json:"step,omitempty"`
+	Turn  int                   `json:"turn,omitempty"`
+	Text  string                `json:"text,omitempty"`
+}
+
+func newWatchCmd(g *globals) *cobra.Command {
+	var output string
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "watch JOB",
+		Short: "Follow a job live: its transitions, and its agent turns' text as the model writes it",
+		Long: `Watch prints a job's transitions as they happen, as engine run does, and the
+text of its agent turns as it streams from the model (published by workers on
+the core NATS subject <prefix>.stream.<job>, which no stream stores: a watcher
+sees what is said while it watches; the durable record is the turn's result,
+in the history). It stops when the job stops: exit 0 completed, 1 failed,
+3 waiting for a person (needs_reconciliation, blocked, quarantined).
+--output json prints one JSON object a line: {"kind":"event","event":{…}} or
+{"kind":"text","step":…,"turn":…,"text":…}.`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			job := args[0]
+			if err := client.ValidateJobID(job); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			return g.withClient(cmd.Context(), func(c *client.Client, st *kv.Store) error {
+				if _, err := st.Checkpoints.Get(cmd.Context(), job); err != nil {
+					return &ExitError{Code: 1, Err: err}
+				}
+				w := &watcher{out: g.stdout, json: output == "json"}
+				sub, err := st.JS.Conn().Subscribe(st.Names.StreamSubject(job), func(m *nats.Msg) {
+					turn, _ := strconv.Atoi(m.Header.Get(schemas.HeaderTurn))
+					w.text(m.Header.Get(schemas.HeaderStep), turn, string(m.Data))
+				})
+				if err != nil {
+					return fmt.Errorf("watch job %s: subscribe to its stream: %w", job, err)
+				}
+				defer func() { _ = sub.Unsubscribe() }()
+				if err := st.JS.Conn().Flush(); err != nil {
+					return fmt.Errorf("watch job %s: %w", job, err)
+				}
+				w.note("watching job %s (Ctrl-C stops watching; the job goes on)", job)
+				ctx := cmd.Context()
+				if timeout > 0 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, timeout)
+					defer cancel()
+				}
+				v, err := c.Wait(ctx, job, w.event)
+				if err != nil {
+					return err
+				}
+				w.note("job %s %s (resume_count %d)", v.ID, v.Status, v.ResumeCount)
+				switch {
+				case v.Status == schemas.JobFailed:
+					return &ExitError{Code: 1, Err: fmt.Errorf("job %s failed: %v", v.ID, v.Error)}
+				case !v.Status.Terminal():
+					return &ExitError{Code: 3, Err: fmt.Errorf("job %s is %s: it waits for a person", v.ID, v.Status)}
+				}
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	cmd.Flags().DurationVar(&timeout, "timeout", 0, "stop watching after this long (0: until the job stops)")
+	return cmd
+}
+
+// watcher prints events and streamed text, one writer at a time.
+type watcher struct {
+	mu       sync.Mutex
+	out      io.Writer
+	json     bool
+	midLine  bool   // streamed text was printed without its line's end
+	streamOf string // "<step>/<turn>" of the text being printed
+}
+
+func (w *watcher) endLine() {
+	if w.midLine {
+		fmt.Fprintln(w.out)
+		w.midLine = false
+	}
+}
+
+func (w *watcher) note(format string, args ...any) {
+	if w.json {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.endLine()
+	fmt.Fprintf(w.out, format+"\n", args...)
+}
+
+func (w *watcher) event(h schemas.HistoryEvent) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.json {
+		_ = json.NewEncoder(w.out).Encode(watchLine{Kind: "event", Event: &h})
+		return
+	}
+	w.endLine()
+	w.streamOf = ""
+	printEvent(w.out, h)
+}
+
+func (w *watcher) text(step string, turn int, text string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.json {
+		_ = json.NewEncoder(w.out).Encode(watchLine{Kind: "text", Step: step, Turn: turn, Text: text})
+		return
+	}
+	if key := fmt.Sprintf("%s/%d", step, turn); key != w.streamOf {
+		w.endLine()
+		fmt.Fprintf(w.out, "  %s turn %d > ", step, turn)
+		w.streamOf = key
+	}
+	text = strings.ReplaceAll(text, "\n", "\n    ")
+	fmt.Fprint(w.out, text)
+	w.midLine = true
+}
