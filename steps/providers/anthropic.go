@@ -3,6 +3,7 @@ package providers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -20,7 +21,7 @@ type anthropicProvider struct {
 
 // NewAnthropic returns a Provider that calls the Anthropic Messages API
 // (POST /v1/messages, https://docs.anthropic.com/en/api/messages) through
-// the official Go SDK, without streaming and without retries.
+// the official Go SDK, without retries.
 //
 // The request is one user turn (Prompt) or the conversation (Messages,
 // as text, tool_use and tool_result blocks), with System as the system
@@ -40,6 +41,17 @@ type anthropicProvider struct {
 // neither text nor tool calls is the retryable empty-reply *Error.
 // Request.Temperature is not sent: API version 2026-10-21, which this SDK
 // speaks, rejects every sampling parameter with 400.
+//
+// With Request.OnText set, the call streams ("stream": true,
+// https://docs.anthropic.com/en/docs/build-with-claude/streaming): each
+// text_delta is passed to OnText as it arrives, the events are built into
+// the message with the SDK's accumulator (anthropic.Message.Accumulate),
+// and the Reply is the one the same reply gives without streaming, tool
+// inputs, stop reason and cache usage included. Without OnText, a
+// MaxTokens the SDK expects to take over 10 minutes for the model is
+// refused before sending, as the SDK refuses such non-streaming calls; a
+// streamed call has no such cap. Errors are classified as without
+// streaming (see Error for the ones a begun stream adds).
 //
 // cfg is the only source of settings: the SDK's ANTHROPIC_* environment
 // variables are not read. BaseURL is the API root, without /v1 (the SDK
@@ -75,10 +87,13 @@ func (p *anthropicProvider) Complete(ctx context.Context, req Request) (Reply, e
 	if err != nil {
 		return Reply{}, err
 	}
-	// The SDK refuses, before sending, a non-streaming call it expects to
-	// outlast 10 minutes; say so as a configuration error, not a network one.
-	if _, err := anthropic.CalculateNonStreamingTimeout(int(maxTokens), req.Model, nil); err != nil {
-		return Reply{}, nonRetryable(Anthropic, err, "step %q: max tokens %d for model %q needs streaming, which this provider does not do: %v", req.Step, maxTokens, req.Model, err)
+	if req.OnText == nil {
+		// The SDK refuses, before sending, a non-streaming call it expects
+		// to outlast 10 minutes; say so as a configuration error, not a
+		// network one. A streamed call has no such limit.
+		if _, err := anthropic.CalculateNonStreamingTimeout(int(maxTokens), req.Model, nil); err != nil {
+			return Reply{}, nonRetryable(Anthropic, err, "step %q: max tokens %d for model %q needs streaming (set Request.OnText): %v", req.Step, maxTokens, req.Model, err)
+		}
 	}
 
 	params := anthropic.MessageNewParams{
@@ -93,12 +108,59 @@ func (p *anthropicProvider) Complete(ctx context.Context, req Request) (Reply, e
 			params.System[0].CacheControl = anthropic.NewCacheControlEphemeralParam()
 		}
 	}
+	if req.OnText != nil {
+		return p.stream(ctx, params, req.OnText)
+	}
 	var res *http.Response
 	msg, err := p.client.Messages.New(ctx, params, option.WithResponseInto(&res))
 	if err != nil {
 		return Reply{}, p.classify(ctx, err, res)
 	}
+	return anthropicReply(msg)
+}
 
+// stream makes the call with the streaming API
+// (https://docs.anthropic.com/en/docs/build-with-claude/streaming),
+// passing each text_delta to onText as it arrives and building the
+// message with the SDK's accumulator, so the Reply is the one New's
+// message gives. A stream that ends before message_stop, or whose events
+// do not accumulate, is a retryable *Error; an error event in the stream
+// is classified by its error type (see classify).
+func (p *anthropicProvider) stream(ctx context.Context, params anthropic.MessageNewParams, onText func(string)) (Reply, error) {
+	var res *http.Response
+	stream := p.client.Messages.NewStreaming(ctx, params, option.WithResponseInto(&res))
+	defer func() { _ = stream.Close() }() // nothing is lost with the connection once read
+
+	var msg anthropic.Message
+	stopped := false
+	for stream.Next() {
+		event := stream.Current()
+		if err := msg.Accumulate(event); err != nil {
+			return Reply{}, brokenStream(Anthropic, p.apiKey, fmt.Errorf("accumulate %s event: %w", event.Type, err))
+		}
+		switch event.Type {
+		case "content_block_delta":
+			if event.Delta.Type == "text_delta" && event.Delta.Text != "" {
+				onText(event.Delta.Text)
+			}
+		case "message_stop":
+			stopped = true
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return Reply{}, p.classify(ctx, err, res)
+	}
+	if !stopped {
+		return Reply{}, brokenStream(Anthropic, p.apiKey, errors.New("the stream ended before message_stop"))
+	}
+	return anthropicReply(&msg)
+}
+
+// anthropicReply maps a complete message to a Reply: its text blocks
+// concatenated, its tool_use blocks in order, its usage with the cache
+// counts. A message with neither text nor tool calls is the empty-reply
+// *Error.
+func anthropicReply(msg *anthropic.Message) (Reply, error) {
 	var text strings.Builder
 	var calls []ToolCall
 	for _, block := range msg.Content {
@@ -208,6 +270,10 @@ func anthropicTools(tools []Tool) []anthropic.ToolUnionParam {
 	return out
 }
 
+// classify maps a failed call to an *Error: the caller's context first,
+// then an error response by its status, then an error event in a stream
+// that had begun with 200 by the status the API documents for its error
+// type, then anything else as a transport failure.
 func (p *anthropicProvider) classify(ctx context.Context, err error, res *http.Response) *Error {
 	if ctx.Err() != nil {
 		return transportError(ctx, Anthropic, p.apiKey, err)
@@ -218,10 +284,42 @@ func (p *anthropicProvider) classify(ctx context.Context, err error, res *http.R
 		if apiErr.Response != nil {
 			header = apiErr.Response.Header
 		}
+		if apiErr.StatusCode < 400 {
+			return streamedError(Anthropic, p.apiKey, anthropicErrorStatus(string(apiErr.Type())), string(apiErr.Type()), apiErr.Message)
+		}
 		return statusError(Anthropic, p.apiKey, apiErr.StatusCode, header, string(apiErr.Type()), apiErr.Message)
 	}
 	if res != nil && res.StatusCode >= 400 {
 		return statusError(Anthropic, p.apiKey, res.StatusCode, res.Header, "", "")
 	}
 	return transportError(ctx, Anthropic, p.apiKey, err)
+}
+
+// anthropicErrorStatus returns the HTTP status the Messages API
+// documents for an error type (https://docs.anthropic.com/en/api/errors),
+// or 0 for a type it does not list.
+func anthropicErrorStatus(errType string) int {
+	switch errType {
+	case "invalid_request_error":
+		return http.StatusBadRequest
+	case "authentication_error":
+		return http.StatusUnauthorized
+	case "billing_error":
+		return http.StatusPaymentRequired
+	case "permission_error":
+		return http.StatusForbidden
+	case "not_found_error":
+		return http.StatusNotFound
+	case "request_too_large":
+		return http.StatusRequestEntityTooLarge
+	case "rate_limit_error":
+		return http.StatusTooManyRequests
+	case "api_error":
+		return http.StatusInternalServerError
+	case "timeout_error":
+		return http.StatusGatewayTimeout
+	case "overloaded_error":
+		return 529
+	}
+	return 0
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -26,6 +27,17 @@ var (
 // other 4xx (bad request, authentication, permission, unknown model) and
 // for mistakes in the request, config or cassette. A retryable error after
 // the request was sent means the model may or may not have processed it.
+//
+// A streamed call (Request.OnText) fails the same way while no reply has
+// begun, as the APIs answer errors before the stream starts with their
+// status. Once the stream has begun with 200, an error event in it gets
+// the StatusCode the API gives its error type (Anthropic's
+// overloaded_error is 529, api_error 500, invalid_request_error 400;
+// OpenAI's server_error 500, rate_limit_error 429,
+// invalid_request_error 400) and is retryable as that status is, or
+// StatusCode 0 and retryable for a type without one; a stream that breaks
+// off before its end, or that cannot be read, is retryable with
+// StatusCode 0. The text already passed to OnText is not taken back.
 //
 // Message never contains the API key. Unwrap returns the cause, so
 // errors.Is(err, context.DeadlineExceeded) holds for a call whose context
@@ -93,6 +105,30 @@ func statusError(provider, apiKey string, status int, header http.Header, errTyp
 		Message:    redact(msg, apiKey),
 		RetryAfter: retryAfter(header, time.Now()),
 	}
+}
+
+// streamedError builds the *Error for an error event in a stream that had
+// begun with 200 OK. status is the one the API gives the event's error
+// type, 0 when it gives none, which is then retryable as a transport
+// failure is.
+func streamedError(provider, apiKey string, status int, errType, apiMsg string) *Error {
+	const prefix = "error event in the stream: "
+	if status == 0 {
+		msg := strings.Join(slices.DeleteFunc([]string{errType, apiMsg}, func(s string) bool { return s == "" }), ": ")
+		if msg == "" {
+			msg = "no message"
+		}
+		return &Error{Provider: provider, Retryable: true, Message: prefix + redact(msg, apiKey)}
+	}
+	e := statusError(provider, apiKey, status, nil, errType, apiMsg)
+	e.Message = prefix + e.Message
+	return e
+}
+
+// brokenStream builds the retryable *Error for a stream that ended before
+// its end or could not be made into a reply.
+func brokenStream(provider, apiKey string, err error) *Error {
+	return &Error{Provider: provider, Retryable: true, Message: "broken stream: " + redact(err.Error(), apiKey), err: err}
 }
 
 // transportError builds the *Error for a call that got no usable HTTP

@@ -12,6 +12,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/packages/ssestream"
 	"github.com/openai/openai-go/v3/shared"
 )
 
@@ -30,7 +31,7 @@ type openAIProvider struct {
 // NewOpenAI returns a Provider that calls the OpenAI Chat Completions API
 // (POST {BaseURL}/chat/completions,
 // https://platform.openai.com/docs/api-reference/chat) through the
-// official Go SDK, without streaming and without retries. With BaseURL
+// official Go SDK, without retries. With BaseURL
 // set it serves OpenAI-compatible servers too: Ollama
 // (http://localhost:11434/v1), vLLM and llama.cpp (http://host:8000/v1).
 //
@@ -56,6 +57,16 @@ type openAIProvider struct {
 // with neither text nor tool calls is the retryable empty-reply *Error.
 // The reply cap goes out as max_completion_tokens to api.openai.com and as
 // max_tokens elsewhere. Temperature is sent when not nil.
+//
+// With Request.OnText set, the call streams ("stream": true, with
+// stream_options {"include_usage": true}): each content delta of the
+// first choice is passed to OnText as it arrives, the chunks are built
+// into the completion with the SDK's ChatCompletionAccumulator, and the
+// Reply is the one the same reply gives without streaming, tool calls
+// with their whole arguments, finish reason and cached tokens included.
+// A compatible server that ignores include_usage gives a streamed Reply
+// a zero Usage. Errors are classified as without streaming (see Error
+// for the ones a begun stream adds).
 //
 // cfg is the only source of settings: the SDK's OPENAI_* environment
 // variables are not read. An empty BaseURL means https://api.openai.com/v1
@@ -117,12 +128,66 @@ func (p *openAIProvider) Complete(ctx context.Context, req Request) (Reply, erro
 	if req.Temperature != nil {
 		params.Temperature = openai.Float(*req.Temperature)
 	}
+	if req.OnText != nil {
+		return p.stream(ctx, params, req.OnText)
+	}
 	var res *http.Response
 	completion, err := p.completions.New(ctx, params, option.WithResponseInto(&res))
 	if err != nil {
 		return Reply{}, p.classify(ctx, err, res)
 	}
+	return openAIReply(completion, completion.Usage)
+}
 
+// stream makes the call with streaming
+// (https://platform.openai.com/docs/api-reference/chat-streaming), with
+// stream_options.include_usage so the last chunk carries the usage,
+// passing each content delta to onText as it arrives and building the
+// completion with the SDK's ChatCompletionAccumulator, so the Reply is
+// the one the same reply gives without streaming.
+//
+// The usage is the last one a chunk reports, not the accumulator's sum:
+// OpenAI reports it once, in the final chunk, and compatible servers
+// that report running totals in every chunk (vLLM's continuous usage
+// stats) are read right too; the accumulator also drops
+// prompt_tokens_details.cache_write_tokens. A stream that ends before a
+// finish_reason, or a chunk the accumulator refuses, is a retryable
+// *Error; an error event in the stream is classified as classify says.
+func (p *openAIProvider) stream(ctx context.Context, params openai.ChatCompletionNewParams, onText func(string)) (Reply, error) {
+	params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+	var res *http.Response
+	stream := p.completions.NewStreaming(ctx, params, option.WithResponseInto(&res))
+	defer func() { _ = stream.Close() }() // nothing is lost with the connection once read
+
+	var acc openai.ChatCompletionAccumulator
+	var usage openai.CompletionUsage
+	for n := 0; stream.Next(); n++ {
+		chunk := stream.Current()
+		if !acc.AddChunk(chunk) {
+			return Reply{}, brokenStream(OpenAI, p.apiKey, fmt.Errorf("chunk %d (id %q) does not continue the completion", n, chunk.ID))
+		}
+		if chunk.JSON.Usage.Valid() {
+			usage = chunk.Usage
+		}
+		for _, choice := range chunk.Choices {
+			if choice.Index == 0 && choice.Delta.Content != "" {
+				onText(choice.Delta.Content)
+			}
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return Reply{}, p.classify(ctx, err, res)
+	}
+	if len(acc.Choices) == 0 || acc.Choices[0].FinishReason == "" {
+		return Reply{}, brokenStream(OpenAI, p.apiKey, errors.New("the stream ended before the first choice's finish_reason"))
+	}
+	return openAIReply(&acc.ChatCompletion, usage)
+}
+
+// openAIReply maps a completion's first choice and usage to a Reply. A
+// completion without choices, or whose first choice has neither content
+// nor tool calls, is the empty-reply *Error.
+func openAIReply(completion *openai.ChatCompletion, usage openai.CompletionUsage) (Reply, error) {
 	if len(completion.Choices) == 0 {
 		return Reply{}, emptyReply(OpenAI, "", "")
 	}
@@ -131,15 +196,15 @@ func (p *openAIProvider) Complete(ctx context.Context, req Request) (Reply, erro
 	if choice.Message.Content == "" && len(calls) == 0 {
 		return Reply{}, emptyReply(OpenAI, choice.FinishReason, choice.Message.Refusal)
 	}
-	details := completion.Usage.PromptTokensDetails
+	details := usage.PromptTokensDetails
 	return Reply{
 		Text:       choice.Message.Content,
 		ToolCalls:  calls,
 		Model:      completion.Model,
 		StopReason: choice.FinishReason,
 		Usage: Usage{
-			InputTokens:      completion.Usage.PromptTokens,
-			OutputTokens:     completion.Usage.CompletionTokens,
+			InputTokens:      usage.PromptTokens,
+			OutputTokens:     usage.CompletionTokens,
 			CacheReadTokens:  details.CachedTokens,
 			CacheWriteTokens: details.CacheWriteTokens,
 		},
@@ -272,6 +337,10 @@ func openAIToolCalls(in []openai.ChatCompletionMessageToolCallUnion) []ToolCall 
 	return out
 }
 
+// classify maps a failed call to an *Error: the caller's context first,
+// then an error response by its status, then an error event in a stream
+// that had begun with 200 by its error type (see Error), then anything
+// else as a transport failure.
 func (p *openAIProvider) classify(ctx context.Context, err error, res *http.Response) *Error {
 	if ctx.Err() != nil {
 		return transportError(ctx, OpenAI, p.apiKey, err)
@@ -282,14 +351,22 @@ func (p *openAIProvider) classify(ctx context.Context, err error, res *http.Resp
 		if apiErr.Response != nil {
 			header = apiErr.Response.Header
 		}
-		errType := apiErr.Type
-		switch {
-		case errType == "":
-			errType = apiErr.Code
-		case apiErr.Code != "":
-			errType += " (" + apiErr.Code + ")"
+		return statusError(OpenAI, p.apiKey, apiErr.StatusCode, header, openAIErrorType(apiErr.Type, apiErr.Code), apiErr.Message)
+	}
+	var streamErr *ssestream.StreamError
+	if errors.As(err, &streamErr) {
+		var event struct {
+			Error struct {
+				Message string `json:"message"`
+				Type    string `json:"type"`
+				Code    any    `json:"code"` // a string, a number or null, by server
+			} `json:"error"`
 		}
-		return statusError(OpenAI, p.apiKey, apiErr.StatusCode, header, errType, apiErr.Message)
+		if json.Unmarshal(streamErr.Event.Data, &event) != nil {
+			return streamedError(OpenAI, p.apiKey, 0, "", streamErr.Message)
+		}
+		code, _ := event.Error.Code.(string)
+		return streamedError(OpenAI, p.apiKey, openAIErrorStatus(event.Error.Type), openAIErrorType(event.Error.Type, code), event.Error.Message)
 	}
 	// A compatible server's error body may not be OpenAI's JSON; the SDK
 	// then fails to decode it, but the status still tells the story.
@@ -297,4 +374,30 @@ func (p *openAIProvider) classify(ctx context.Context, err error, res *http.Resp
 		return statusError(OpenAI, p.apiKey, res.StatusCode, res.Header, "", "")
 	}
 	return transportError(ctx, OpenAI, p.apiKey, err)
+}
+
+// openAIErrorType renders an error's type and code as "type (code)",
+// or whichever of them is set.
+func openAIErrorType(errType, code string) string {
+	switch {
+	case errType == "":
+		return code
+	case code != "":
+		return errType + " (" + code + ")"
+	}
+	return errType
+}
+
+// openAIErrorStatus returns the HTTP status OpenAI answers an error type
+// with, for the types an error event in a stream carries, or 0.
+func openAIErrorStatus(errType string) int {
+	switch errType {
+	case "invalid_request_error":
+		return http.StatusBadRequest
+	case "rate_limit_error":
+		return http.StatusTooManyRequests
+	case "server_error":
+		return http.StatusInternalServerError
+	}
+	return 0
 }

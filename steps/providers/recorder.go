@@ -36,6 +36,10 @@ type recorder struct {
 // returns the n-th reply recorded for that prompt or conversation turn.
 // Delete the file to record afresh.
 //
+// The request is passed to live as it is, Request.OnText included, so a
+// streamed call streams through the recorder; the cassette holds the
+// final reply only, and replays in pieces as NewReplay says.
+//
 // Failed live calls are returned as they are and not recorded. A request
 // without a Step, an unreadable or invalid existing cassette, or a failed
 // write returns a non-retryable *Error with Provider "recorder"; when the

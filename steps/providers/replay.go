@@ -55,8 +55,9 @@ type Interaction struct {
 }
 
 // PromptHash identifies a request's prompt for cassette matching, as
-// lowercase hex SHA-256. Model, sampling, Step, Attempt and Turn are not
-// part of it.
+// lowercase hex SHA-256. Model, sampling, Step, Attempt, Turn and OnText
+// are not part of it, so a streamed call matches the recording of an
+// unstreamed one and the other way round.
 //
 // For a single prompt (no Messages) it hashes System + "\n\n" + Prompt.
 //
@@ -199,9 +200,16 @@ type replayProvider struct {
 // wrapping ErrNoRecording whose message names the step, the turn (for a
 // request with a Turn) and the prompt hash, says why nothing matched, and
 // gives the interaction to add. A reply with neither text nor tool calls
-// returns the retryable empty-reply *Error. c is copied, so later changes
-// to it are not seen, and each reply is a fresh copy; a nil c answers
-// nothing. Safe for concurrent use.
+// returns the retryable empty-reply *Error.
+//
+// With Request.OnText set, the reply's text is passed to OnText before
+// Complete returns, in pieces split after each space (one piece for text
+// without a space, none for a reply without text), so that the pieces
+// joined are Reply.Text; the Reply is the same. Error replies pass
+// nothing.
+//
+// c is copied, so later changes to it are not seen, and each reply is a
+// fresh copy; a nil c answers nothing. Safe for concurrent use.
 func NewReplay(c *Cassette) Provider {
 	p := &replayProvider{}
 	if c == nil {
@@ -244,6 +252,11 @@ func (p *replayProvider) Complete(ctx context.Context, req Request) (Reply, erro
 		if reply.Text == "" && len(reply.ToolCalls) == 0 {
 			return Reply{}, emptyReply(Replay, reply.StopReason, "")
 		}
+		if req.OnText != nil {
+			for _, piece := range textPieces(reply.Text) {
+				req.OnText(piece)
+			}
+		}
 		return copyReply(reply), nil
 	}
 
@@ -268,6 +281,17 @@ func (p *replayProvider) Complete(ctx context.Context, req Request) (Reply, erro
 		"no recorded reply for step %q turn %d with prompt sha256 %s: %s; record one by running the step once through providers.NewRecorder around a live provider, "+
 			`or add {"step": %q, "turn": %d, "prompt_sha256": %q, "replies": [{"text": "...", "tool_calls": [...]}]} to the cassette`,
 		req.Step, req.Turn, hash, why, req.Step, req.Turn, hash)
+}
+
+// textPieces splits text after each space, as a replayed reply streams:
+// joined, the pieces are text.
+func textPieces(text string) []string {
+	pieces := strings.SplitAfter(text, " ")
+	if pieces[len(pieces)-1] == "" {
+		// Text ending in a space, or empty text.
+		pieces = pieces[:len(pieces)-1]
+	}
+	return pieces
 }
 
 // copyReply returns r with its own ToolCalls, so callers cannot change

@@ -32,6 +32,14 @@ type Request struct {
 	// SystemCacheControl is the cache_control type of the last system
 	// block that has one ("ephemeral"), or ""; Anthropic only.
 	SystemCacheControl string
+
+	// Stream is the request's "stream": true: a 2xx answer to it is
+	// server-sent events (see the package doc) instead of one JSON body.
+	Stream bool
+	// StreamUsage is OpenAI's stream_options.include_usage: the stream
+	// ends with a chunk that carries the usage and no choices. Always
+	// false for Anthropic, whose stream always carries the usage.
+	StreamUsage bool
 }
 
 // Message is one message of a request.
@@ -104,7 +112,9 @@ type Response struct {
 	// Status is the HTTP status; 0 means 200.
 	Status int
 	// Text is the reply text when Status is 2xx (empty gives a reply with
-	// no text), else the error message.
+	// no text), else the error message. A streamed reply sends it in
+	// pieces split after each space (one piece when it has none), so
+	// that joining the deltas gives Text.
 	Text string
 	// ToolCalls are the reply's tool calls, in order: tool_use blocks
 	// after the text block (Anthropic) or the message's tool_calls
@@ -193,6 +203,9 @@ type wire struct {
 	path   string
 	decode func(body []byte) (Request, error)
 	reply  func(w http.ResponseWriter, id int64, req Request, resp Response)
+	// stream answers a 2xx to a request with Stream set, as
+	// text/event-stream.
+	stream func(w http.ResponseWriter, id int64, req Request, resp Response)
 	fail   func(w http.ResponseWriter, status int, errType, msg string)
 	// check returns the 400 message for a request the real API refuses
 	// before any model runs (a tool call without its result), or "".
@@ -313,7 +326,13 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if status >= 300 {
+		// Also for a streaming request: the APIs answer an error before
+		// the stream starts as JSON, with its status.
 		s.wire.fail(w, status, resp.ErrorType, resp.Text)
+		return
+	}
+	if req.Stream {
+		s.wire.stream(w, s.ids.Add(1), req, resp)
 		return
 	}
 	s.wire.reply(w, s.ids.Add(1), req, resp)

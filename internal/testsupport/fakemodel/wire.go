@@ -15,6 +15,7 @@ var anthropicWire = wire{
 	path:   "/v1/messages",
 	decode: decodeAnthropic,
 	reply:  replyAnthropic,
+	stream: streamAnthropic,
 	fail:   failAnthropic,
 	check:  checkAnthropic,
 }
@@ -64,6 +65,7 @@ func decodeAnthropic(body []byte) (Request, error) {
 		MaxTokens   int64           `json:"max_tokens"`
 		System      json.RawMessage `json:"system"`
 		Temperature *float64        `json:"temperature"`
+		Stream      bool            `json:"stream"`
 		Messages    []struct {
 			Role    string          `json:"role"`
 			Content json.RawMessage `json:"content"`
@@ -84,7 +86,7 @@ func decodeAnthropic(body []byte) (Request, error) {
 	if err != nil {
 		return Request{}, fmt.Errorf("system: %w", err)
 	}
-	req := Request{Model: in.Model, MaxTokens: in.MaxTokens, Temperature: in.Temperature}
+	req := Request{Model: in.Model, MaxTokens: in.MaxTokens, Temperature: in.Temperature, Stream: in.Stream}
 	for _, b := range system {
 		if b.Type == "text" {
 			req.System = joinNonEmpty(req.System, b.Text)
@@ -174,26 +176,9 @@ func replyAnthropic(w http.ResponseWriter, id int64, req Request, resp Response)
 	if resp.Text != "" {
 		content = append(content, map[string]any{"type": "text", "text": resp.Text})
 	}
-	for i, tc := range resp.ToolCalls {
-		callID := tc.ID
-		if callID == "" {
-			callID = fmt.Sprintf("toolu_fake_%04d_%d", id, i)
-		}
-		input := tc.Input
-		if len(input) == 0 {
-			input = json.RawMessage("{}")
-		}
-		content = append(content, map[string]any{"type": "tool_use", "id": callID, "name": tc.Name, "input": input})
+	for _, tc := range anthropicToolUses(id, resp) {
+		content = append(content, map[string]any{"type": "tool_use", "id": tc.id, "name": tc.name, "input": json.RawMessage(tc.input)})
 	}
-	stop := resp.StopReason
-	switch {
-	case stop != "":
-	case len(resp.ToolCalls) > 0:
-		stop = "tool_use"
-	default:
-		stop = "end_turn"
-	}
-	in, out := usage(resp, req)
 	w.Header().Set("request-id", fmt.Sprintf("req_fake_%04d", id))
 	writeJSON(w, http.StatusOK, map[string]any{
 		"id":            fmt.Sprintf("msg_fake_%04d", id),
@@ -201,15 +186,61 @@ func replyAnthropic(w http.ResponseWriter, id int64, req Request, resp Response)
 		"role":          "assistant",
 		"content":       content,
 		"model":         req.Model,
-		"stop_reason":   stop,
+		"stop_reason":   anthropicStopReason(resp),
 		"stop_sequence": nil,
-		"usage": map[string]int64{
-			"input_tokens":                in,
-			"output_tokens":               out,
-			"cache_read_input_tokens":     resp.CacheReadTokens,
-			"cache_creation_input_tokens": resp.CacheWriteTokens,
-		},
+		"usage":         anthropicUsage(resp, req),
 	})
+}
+
+// scriptedCall is a scripted tool call as a wire sends it: its id (the
+// scripted one or a generated one) and its input or arguments as text.
+type scriptedCall struct {
+	id, name, input string
+}
+
+// anthropicToolUses returns resp's tool calls as tool_use blocks carry
+// them, the input compacted as encoding/json writes it into the body.
+func anthropicToolUses(id int64, resp Response) []scriptedCall {
+	out := make([]scriptedCall, len(resp.ToolCalls))
+	for i, tc := range resp.ToolCalls {
+		callID := tc.ID
+		if callID == "" {
+			callID = fmt.Sprintf("toolu_fake_%04d_%d", id, i)
+		}
+		input := []byte(tc.Input)
+		if len(input) == 0 {
+			input = []byte("{}")
+		}
+		// As the JSON body has it; a scripted input that is not JSON is
+		// sent as it is, and the client gets to fail on it.
+		if compact, err := json.Marshal(json.RawMessage(input)); err == nil {
+			input = compact
+		}
+		out[i] = scriptedCall{id: callID, name: tc.Name, input: string(input)}
+	}
+	return out
+}
+
+// anthropicStopReason returns resp's stop_reason, with the default.
+func anthropicStopReason(resp Response) string {
+	switch {
+	case resp.StopReason != "":
+		return resp.StopReason
+	case len(resp.ToolCalls) > 0:
+		return "tool_use"
+	}
+	return "end_turn"
+}
+
+// anthropicUsage returns the usage object of a reply to req.
+func anthropicUsage(resp Response, req Request) map[string]int64 {
+	in, out := usage(resp, req)
+	return map[string]int64{
+		"input_tokens":                in,
+		"output_tokens":               out,
+		"cache_read_input_tokens":     resp.CacheReadTokens,
+		"cache_creation_input_tokens": resp.CacheWriteTokens,
+	}
 }
 
 func failAnthropic(w http.ResponseWriter, status int, errType, msg string) {
@@ -253,6 +284,7 @@ var openAIWire = wire{
 	path:   "/v1/chat/completions",
 	decode: decodeOpenAI,
 	reply:  replyOpenAI,
+	stream: streamOpenAI,
 	fail:   failOpenAI,
 	check:  checkOpenAI,
 }
@@ -263,7 +295,11 @@ func decodeOpenAI(body []byte) (Request, error) {
 		MaxTokens           int64    `json:"max_tokens"`
 		MaxCompletionTokens int64    `json:"max_completion_tokens"`
 		Temperature         *float64 `json:"temperature"`
-		Messages            []struct {
+		Stream              bool     `json:"stream"`
+		StreamOptions       *struct {
+			IncludeUsage bool `json:"include_usage"`
+		} `json:"stream_options"`
+		Messages []struct {
 			Role       string          `json:"role"`
 			Content    json.RawMessage `json:"content"`
 			ToolCallID string          `json:"tool_call_id"`
@@ -288,7 +324,8 @@ func decodeOpenAI(body []byte) (Request, error) {
 	if err := json.Unmarshal(body, &in); err != nil {
 		return Request{}, err
 	}
-	req := Request{Model: in.Model, MaxTokens: in.MaxTokens, Temperature: in.Temperature}
+	req := Request{Model: in.Model, MaxTokens: in.MaxTokens, Temperature: in.Temperature, Stream: in.Stream}
+	req.StreamUsage = in.Stream && in.StreamOptions != nil && in.StreamOptions.IncludeUsage
 	if in.MaxCompletionTokens != 0 {
 		req.MaxTokens = in.MaxCompletionTokens
 	}
@@ -384,45 +421,17 @@ func checkOpenAI(req Request) string {
 }
 
 func replyOpenAI(w http.ResponseWriter, id int64, req Request, resp Response) {
-	finish := resp.StopReason
-	switch {
-	case finish != "":
-	case len(resp.ToolCalls) > 0:
-		finish = "tool_calls"
-	default:
-		finish = "stop"
-	}
 	var content any // null when there is no text, as the API sends it
 	if resp.Text != "" {
 		content = resp.Text
 	}
 	message := map[string]any{"role": "assistant", "content": content, "refusal": nil}
-	if len(resp.ToolCalls) > 0 {
-		calls := make([]map[string]any, len(resp.ToolCalls))
-		for i, tc := range resp.ToolCalls {
-			callID := tc.ID
-			if callID == "" {
-				callID = fmt.Sprintf("call_fake_%04d_%d", id, i)
-			}
-			args := tc.Arguments
-			if args == "" {
-				args = string(tc.Input)
-			}
-			if args == "" {
-				args = "{}"
-			}
-			calls[i] = map[string]any{"id": callID, "type": "function", "function": map[string]string{"name": tc.Name, "arguments": args}}
+	if calls := openAIToolCalls(id, resp); len(calls) > 0 {
+		out := make([]map[string]any, len(calls))
+		for i, tc := range calls {
+			out[i] = map[string]any{"id": tc.id, "type": "function", "function": map[string]string{"name": tc.name, "arguments": tc.input}}
 		}
-		message["tool_calls"] = calls
-	}
-	in, out := usage(resp, req)
-	u := map[string]any{"prompt_tokens": in, "completion_tokens": out, "total_tokens": in + out}
-	if resp.CacheReadTokens != 0 || resp.CacheWriteTokens != 0 {
-		details := map[string]int64{"cached_tokens": resp.CacheReadTokens}
-		if resp.CacheWriteTokens != 0 {
-			details["cache_write_tokens"] = resp.CacheWriteTokens
-		}
-		u["prompt_tokens_details"] = details
+		message["tool_calls"] = out
 	}
 	writeJSON(w, http.StatusOK, map[string]any{
 		"id":      fmt.Sprintf("chatcmpl-fake-%04d", id),
@@ -433,10 +442,56 @@ func replyOpenAI(w http.ResponseWriter, id int64, req Request, resp Response) {
 			"index":         0,
 			"message":       message,
 			"logprobs":      nil,
-			"finish_reason": finish,
+			"finish_reason": openAIFinishReason(resp),
 		}},
-		"usage": u,
+		"usage": openAIUsage(resp, req),
 	})
+}
+
+// openAIToolCalls returns resp's tool calls as an assistant message's
+// tool_calls carry them, input the arguments string.
+func openAIToolCalls(id int64, resp Response) []scriptedCall {
+	out := make([]scriptedCall, len(resp.ToolCalls))
+	for i, tc := range resp.ToolCalls {
+		callID := tc.ID
+		if callID == "" {
+			callID = fmt.Sprintf("call_fake_%04d_%d", id, i)
+		}
+		args := tc.Arguments
+		if args == "" {
+			args = string(tc.Input)
+		}
+		if args == "" {
+			args = "{}"
+		}
+		out[i] = scriptedCall{id: callID, name: tc.Name, input: args}
+	}
+	return out
+}
+
+// openAIFinishReason returns resp's finish_reason, with the default.
+func openAIFinishReason(resp Response) string {
+	switch {
+	case resp.StopReason != "":
+		return resp.StopReason
+	case len(resp.ToolCalls) > 0:
+		return "tool_calls"
+	}
+	return "stop"
+}
+
+// openAIUsage returns the usage object of a reply to req.
+func openAIUsage(resp Response, req Request) map[string]any {
+	in, out := usage(resp, req)
+	u := map[string]any{"prompt_tokens": in, "completion_tokens": out, "total_tokens": in + out}
+	if resp.CacheReadTokens != 0 || resp.CacheWriteTokens != 0 {
+		details := map[string]int64{"cached_tokens": resp.CacheReadTokens}
+		if resp.CacheWriteTokens != 0 {
+			details["cache_write_tokens"] = resp.CacheWriteTokens
+		}
+		u["prompt_tokens_details"] = details
+	}
+	return u
 }
 
 func failOpenAI(w http.ResponseWriter, status int, errType, msg string) {
