@@ -32,9 +32,6 @@ func TestWatchStreamsAnAgentsTurns(t *testing.T) {
 		t.Fatal("engine watch did not stop when the job did")
 	}
 	out := watch.out.String()
-	hist := spawn(t, nil, bin, "history", "watched-1", nats)
-	<-hist.done
-	t.Logf("history:\n%s", hist.out.String())
 	if watch.err != nil {
 		t.Fatalf("engine watch: %v\n%s\n%s", watch.err, out, watch.errOut.String())
 	}
