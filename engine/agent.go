@@ -88,7 +88,7 @@ func dispatchTool(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, call *sc
 	f.Running = append(f.Running, d)
 	return event{typ: schemas.EventStepDispatched, data: schemas.HistoryData{
 		Job: cp.JobID, Step: s.ID, Attempt: attempt, Item: call.Item, Status: string(status), NotBefore: notBefore, EffectKey: key,
-		Turn: f.Agent.Turn, Tool: call.Name, Reason: "tool call " + call.ID,
+		Turn: f.Agent.Turn, Tool: call.Name, Call: call.ID,
 	}}
 }
 
@@ -143,6 +143,7 @@ func applyTurnResult(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, res *
 		}
 		fail := &schemas.Error{Code: e.Code, Job: cp.JobID, Step: s.ID, Attempt: res.Attempt,
 			Message: fmt.Sprintf("model turn %d failed: %s", a.Turn+1, e.Message)}
+		keepTranscript(c, cp) // what the model did so far stays readable
 		return append([]event{ev}, failFanStep(c, cp, s, fail, now)...)
 	}
 	a.Turn++
@@ -158,6 +159,7 @@ func applyTurnResult(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, res *
 		p, ok := schemas.PriceOf(s.Prices, model)
 		if !ok && s.Limits != nil && s.Limits.MaxCost > 0 {
 			e := schemas.Errorf(schemas.CodeLimitReached, "model %q has no price in steps[%d].prices, so max_cost cannot be kept", model, c.def.StepIndex(s.ID)).At(cp.JobID, s.ID, res.Attempt)
+			keepTranscript(c, cp)
 			return failFanStep(c, cp, s, e, now)
 		}
 		a.Cost += p.Cost(turn.Usage)
@@ -185,7 +187,11 @@ func applyTurnResult(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, res *
 		return append(evs, finalAnswer(c, cp, s, now)...)
 	}
 	if stop := limitReached(s, a, len(calls)); stop != "" {
-		return append(evs, stopAgent(c, cp, s, stop, now)...)
+		why := ""
+		if stop == schemas.StopMaxToolCalls {
+			why = fmt.Sprintf("turn %d asked for %d tool calls, past max_tool_calls %d (%d made before)", a.Turn, len(calls), s.Limits.MaxToolCalls, a.ToolCalls)
+		}
+		return append(evs, stopAgent(c, cp, s, stop, why, now)...)
 	}
 	return append(evs, startCalls(c, cp, s, calls, now)...)
 }
@@ -268,8 +274,8 @@ func startCalls(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, calls []sc
 			a.InvalidCalls++
 			call.Done, call.IsError, call.Content = true, true, why
 			a.Calls = append(a.Calls, call)
-			evs = append(evs, event{typ: schemas.EventStepFailed, data: schemas.HistoryData{Job: cp.JobID, Step: s.ID, Turn: a.Turn, Tool: call.Name,
-				Error: schemas.Errorf(schemas.CodeInputInvalid, "%s", why).At(cp.JobID, s.ID, 0), Reason: "tool call " + call.ID + " refused before dispatch"}})
+			evs = append(evs, event{typ: schemas.EventStepFailed, data: schemas.HistoryData{Job: cp.JobID, Step: s.ID, Turn: a.Turn, Tool: call.Name, Call: call.ID,
+				Error: schemas.Errorf(schemas.CodeInputInvalid, "%s", why).At(cp.JobID, s.ID, 0), Reason: "refused before dispatch"}})
 			continue
 		}
 		f.Next++
@@ -340,7 +346,7 @@ func applyToolResult(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, res *
 		setContent(cp, call, toolContent(output))
 		evs := []event{{typ: schemas.EventStepCompleted, data: schemas.HistoryData{
 			Job: cp.JobID, Step: s.ID, Attempt: res.Attempt, Item: res.Item, Status: string(schemas.StepCompleted),
-			DurationMs: res.DurationMs, ResultDigest: digest(output), Turn: a.Turn, Tool: call.Name, EffectKey: res.EffectKey,
+			DurationMs: res.DurationMs, ResultDigest: digest(output), Turn: a.Turn, Tool: call.Name, Call: call.ID, EffectKey: res.EffectKey,
 		}}}
 		return append(evs, maybeFinishTurn(c, cp, s, now)...)
 	}
@@ -349,7 +355,7 @@ func applyToolResult(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, res *
 	retry := e.Retryable && d.RunAttempt < policy.MaxAttempts
 	ev := event{typ: schemas.EventStepFailed, data: schemas.HistoryData{
 		Job: cp.JobID, Step: s.ID, Attempt: res.Attempt, Item: res.Item, Error: e, Retrying: retry, DurationMs: res.DurationMs,
-		EffectKey: res.EffectKey, EffectState: string(res.EffectState), Turn: a.Turn, Tool: call.Name,
+		EffectKey: res.EffectKey, EffectState: string(res.EffectState), Turn: a.Turn, Tool: call.Name, Call: call.ID,
 	}}
 	switch {
 	case retry:
@@ -362,7 +368,7 @@ func applyToolResult(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, res *
 		ev.data.Reason = "the tool call failed for good while its effect may have happened"
 		b, bev := blockedOf(c, cp, d, ts, stepRecord(c, cp, s.ID), res, e)
 		b.Reason = fmt.Sprintf("tool %s, call %s with arguments %s: %s", call.Name, call.ID, excerpt(string(call.Input), 300), e.Message)
-		bev.data.Tool, bev.data.Turn = call.Name, a.Turn
+		bev.data.Tool, bev.data.Turn, bev.data.Call = call.Name, a.Turn, call.ID
 		blockInFan(cp, b)
 		return []event{ev, bev}
 	}
@@ -448,7 +454,7 @@ func finalAnswer(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, now time.
 		}
 		if why != "" {
 			if a.Turn >= s.MaxTurnsOf() {
-				return stopAgent(c, cp, s, schemas.StopMaxTurns, now)
+				return stopAgent(c, cp, s, schemas.StopMaxTurns, "the last answer could not be used: "+why, now)
 			}
 			a.OutputRetries++
 			appendTranscript(c, cp, []schemas.AgentMessage{{Role: "user", Content: []schemas.AgentBlock{{Type: "text",
@@ -462,23 +468,31 @@ func finalAnswer(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, now time.
 	return completeAgent(c, cp, s, schemas.StopEndTurn, answer, now)
 }
 
-// parseAnswer reads a final reply as JSON: the whole text or the body of
-// one ``` fenced block; why says what is wrong, else "".
+// parseAnswer reads a final reply as JSON: the whole text, or the body of
+// its one ``` fenced block (prose around it is allowed); why says what is
+// wrong, else "".
 func parseAnswer(text string) (json.RawMessage, string) {
 	t := strings.TrimSpace(text)
-	if strings.HasPrefix(t, "```") {
-		t = strings.TrimPrefix(t, "```")
-		if nl := strings.IndexByte(t, '\n'); nl >= 0 {
-			t = t[nl+1:]
+	if !json.Valid([]byte(t)) {
+		open := strings.Index(t, "```")
+		if open < 0 {
+			return nil, "it is not a JSON value (nor holds one in a ```json block)"
 		}
-		end := strings.LastIndex(t, "```")
+		rest := t[open+3:]
+		if nl := strings.IndexByte(rest, '\n'); nl >= 0 {
+			rest = rest[nl+1:] // the info string ("json")
+		}
+		end := strings.Index(rest, "```")
 		if end < 0 {
 			return nil, "its code fence is not closed"
 		}
-		t = strings.TrimSpace(t[:end])
+		if strings.Contains(rest[end+3:], "```") {
+			return nil, "it has more than one code block; answer with one"
+		}
+		t = strings.TrimSpace(rest[:end])
 	}
 	if !json.Valid([]byte(t)) {
-		return nil, "it is not a JSON value"
+		return nil, "its code block is not a JSON value"
 	}
 	var b bytes.Buffer
 	_ = json.Compact(&b, []byte(t))
@@ -488,14 +502,17 @@ func parseAnswer(text string) (json.RawMessage, string) {
 // stopAgent ends the run at a limit: under on_limit complete the step
 // completes with the stop reason in its output, else it fails with
 // CodeLimitReached and follows on_error.
-func stopAgent(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, stop string, now time.Time) []event {
+func stopAgent(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, stop, why string, now time.Time) []event {
 	if s.OnLimit == schemas.OnLimitComplete {
 		return completeAgent(c, cp, s, stop, nil, now)
 	}
 	a := cp.Fan.Agent
 	u := a.TotalUsage()
-	e := schemas.Errorf(schemas.CodeLimitReached, "the agent stopped after %d turns and %d tool calls (%d tokens, cost %.4f): %s reached",
-		a.Turn, a.ToolCalls, u.Total(), a.Cost, stop).At(cp.JobID, s.ID, stepRecord(c, cp, s.ID).Attempts)
+	if why != "" {
+		why = "; " + why
+	}
+	e := schemas.Errorf(schemas.CodeLimitReached, "the agent stopped after %d turns and %d tool calls (%d tokens, cost %.4f): %s reached%s",
+		a.Turn, a.ToolCalls, u.Total(), a.Cost, stop, why).At(cp.JobID, s.ID, stepRecord(c, cp, s.ID).Attempts)
 	keepTranscript(c, cp)
 	return failFanStep(c, cp, s, e, now)
 }

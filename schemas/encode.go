@@ -453,6 +453,9 @@ func (w *jsonw) historyData(d *HistoryData) {
 	if d.Tool != "" {
 		w.strField("tool", d.Tool)
 	}
+	if d.Call != "" {
+		w.strField("call", d.Call)
+	}
 	if d.Model != "" {
 		w.strField("model", d.Model)
 	}

@@ -150,6 +150,7 @@ type HistoryData struct {
 	// model turns (agent.turn) and tool calls (Tool on an item's events).
 	Turn          int         `json:"turn,omitempty"`
 	Tool          string      `json:"tool,omitempty"`
+	Call          string      `json:"call,omitempty"` // the model's tool_use id of a tool call
 	Model         string      `json:"model,omitempty"`
 	Usage         *TokenUsage `json:"usage,omitempty"`
 	PromptVersion string      `json:"prompt_version,omitempty"`

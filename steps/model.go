@@ -120,7 +120,7 @@ func (modelKind) Prepare(p *Prep) (Runner, error) {
 		if replay == nil {
 			return nil, fmt.Errorf("provider %s needs a cassette (with.cassette naming an asset)", map[bool]string{true: "replay", false: "replay mode"}[w.Provider == providers.Replay])
 		}
-		r.replay, r.source = replay, "replay"
+		r.replay, r.source = replay, fmt.Sprintf("replay of cassette %q", w.Cassette)
 		return r, nil
 	}
 	baseURL, stepURL := w.BaseURL, w.BaseURL != ""
@@ -165,7 +165,7 @@ func (modelKind) Prepare(p *Prep) (Runner, error) {
 		if replay == nil {
 			return nil, fmt.Errorf("provider %s: %s and the step has no cassette to replay", w.Provider, missing)
 		}
-		r.replay, r.source = replay, "replay"
+		r.replay, r.source = replay, fmt.Sprintf("replay of cassette %q", w.Cassette)
 		return r, nil
 	}
 	if w.Model == "" {
@@ -327,11 +327,15 @@ func providerError(source string, err error) error {
 		ms := max(time.Until(rl.until).Milliseconds(), 1)
 		return &schemas.Error{Code: schemas.CodeWaiting, Retryable: true, RetryAfterMs: ms, Message: source + ": " + rl.why}
 	}
+	msg := err.Error()
+	if !strings.HasPrefix(msg, source+":") { // "replay: replay: …" says nothing more
+		msg = source + ": " + msg
+	}
 	var pe *providers.Error
 	if errors.As(err, &pe) {
-		return &schemas.Error{Code: schemas.CodeProvider, Retryable: pe.Retryable, Message: source + ": " + err.Error()}
+		return &schemas.Error{Code: schemas.CodeProvider, Retryable: pe.Retryable, Message: msg}
 	}
-	return &schemas.Error{Code: schemas.CodeProvider, Retryable: true, Message: source + ": " + err.Error()}
+	return &schemas.Error{Code: schemas.CodeProvider, Retryable: true, Message: msg}
 }
 
 // ParseReplyJSON extracts the JSON value of a model reply: the whole text,

@@ -323,9 +323,15 @@ func (r *Registry) check(allowed []string, prepare func(Kind, *Prep) []schemas.P
 					if tk, ok := r.Lookup(t.Kind); ok {
 						ps = append(ps, prepare(tk, &Prep{Definition: def, Step: schemas.ToolStep(s, t), Index: i, Path: path})...)
 					} else if !contains(allowed, t.Kind) {
+						var kinds []string
+						for _, n := range r.Names() {
+							if n != schemas.KindAgent {
+								kinds = append(kinds, n)
+							}
+						}
 						ps = append(ps, schemas.Problem{Path: path + "/kind",
 							Message: fmt.Sprintf("unknown tool kind %q (known: %s); if workers of your own binary register it, allow it with --allow-kind %s",
-								t.Kind, strings.Join(r.Names(), ", "), t.Kind)})
+								t.Kind, strings.Join(kinds, ", "), t.Kind)})
 					}
 				}
 			case !contains(allowed, s.Kind):

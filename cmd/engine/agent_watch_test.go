@@ -11,7 +11,8 @@ import (
 // TestWatchStreamsAnAgentsTurns: engine watch, started before the job
 // runs, prints the text of each agent turn as the worker streams it (on
 // the core NATS subject <prefix>.stream.<job>) between the job's
-// transitions, and exits 0 when the job completes.
+// transitions, and exits 0 when the job completes; engine transcript then
+// prints the conversation from the value store.
 func TestWatchStreamsAnAgentsTurns(t *testing.T) {
 	t.Parallel()
 	srv := testsupport.StartServer(t, testsupport.ServerOptions{TCP: true})
@@ -47,5 +48,18 @@ func TestWatchStreamsAnAgentsTurns(t *testing.T) {
 	}
 	if i, j := strings.Index(out, "turn 1 >"), strings.Index(out, "agent.weather#1"); i < 0 || j < i {
 		t.Errorf("turn 1's text does not come before its tool call:\n%s", out)
+	}
+	tr := spawn(t, nil, bin, "transcript", "watched-1", nats)
+	<-tr.done
+	for _, want := range []string{
+		"user:     Weather in Paris?",
+		"assistant: Let me look that up for you.",
+		`assistant: → weather {"city":"Paris"}  [c1]`,
+		`user:     ← {"celsius":19}  [c1]`,
+		"assistant: It is 19 degrees in Paris right now.",
+	} {
+		if !strings.Contains(tr.out.String(), want) {
+			t.Errorf("engine transcript printed no %q:\n%s%s", want, tr.out.String(), tr.errOut.String())
+		}
 	}
 }

@@ -531,6 +531,21 @@ func (c *Client) History(ctx context.Context, id string) ([]schemas.HistoryEvent
 // come from the checkpoint as it is written, ledger events from the history
 // stream. Errors: ctx's error when it ends first.
 func (c *Client) Wait(ctx context.Context, id string, onEvent func(schemas.HistoryEvent)) (*JobView, error) {
+	if ent, err := c.store.Checkpoints.Get(ctx, id); err == nil && ent.Checkpoint.Status.Stopped() {
+		// Stopped already: its whole history, in order, rather than the last
+		// outbox first and the stream after it.
+		if onEvent != nil {
+			evs, err := c.History(ctx, id)
+			if err != nil {
+				return nil, fmt.Errorf("wait for job %s: %w", id, err)
+			}
+			for _, h := range evs {
+				onEvent(h)
+			}
+		}
+		def, _ := c.store.Definitions.Get(ctx, ent.Checkpoint.DefinitionHash)
+		return c.view(ctx, ent.Checkpoint, def), nil
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var mu sync.Mutex

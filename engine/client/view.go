@@ -31,9 +31,13 @@ type JobView struct {
 	// ParentJob is the job whose workflow step started this one as a child
 	// job (its step in ParentStep); Children are the child jobs this job's
 	// workflow steps started, oldest run first.
-	ParentJob  string   `json:"parent_job,omitempty"`
-	ParentStep string   `json:"parent_step,omitempty"`
-	Children   []string `json:"children,omitempty"`
+	// Transcripts are the transcripts of the job's agent step runs that
+	// ended (the running one is under Fan.Agent), in the value store under
+	// the job's message prefix: engine transcript JOB prints them.
+	Transcripts []schemas.TranscriptPart `json:"transcripts,omitempty"`
+	ParentJob   string                   `json:"parent_job,omitempty"`
+	ParentStep  string                   `json:"parent_step,omitempty"`
+	Children    []string                 `json:"children,omitempty"`
 	// WaitingChild is a child job this job waits for that has stopped for
 	// a person (needs_reconciliation, blocked, quarantined): the job goes on
 	// only once it ends. Filled by Client.Job and Wait.
@@ -66,7 +70,8 @@ type FanView struct {
 	Chunks    int                 `json:"output_chunks,omitempty"`
 	InFlight  []*schemas.Dispatch `json:"in_flight,omitempty"`
 	// Agent is an agent step's loop so far: turns, tool calls, usage,
-	// the calls of the turn in flight and the transcript's parts.
+	// the calls of the turn in flight and the transcript's parts. For an
+	// agent, Total and Completed count the turn in flight's tool calls.
 	Agent *schemas.AgentRun `json:"agent,omitempty"`
 }
 
@@ -79,7 +84,17 @@ func newFanView(cp *schemas.Checkpoint) *FanView {
 	if f.Agent != nil {
 		kind = "agent"
 	}
-	v := &FanView{Step: f.Step, Kind: kind, Total: f.Total, Running: len(f.Running), Completed: f.Done.Len(),
+	total, completed := f.Total, f.Done.Len()
+	if a := f.Agent; a != nil {
+		// An agent's counts are of its turn in flight's tool calls.
+		total, completed = len(a.Calls), 0
+		for _, c := range a.Calls {
+			if c.Done {
+				completed++
+			}
+		}
+	}
+	v := &FanView{Step: f.Step, Kind: kind, Total: total, Running: len(f.Running), Completed: completed,
 		Failed: len(f.Failed), Cancelled: f.Cancelled.Len(), Chunks: len(f.Chunks), InFlight: f.Running, Agent: f.Agent}
 	for _, d := range f.Running {
 		if d.NotBefore != nil {
@@ -128,6 +143,7 @@ func NewJobView(cp *schemas.Checkpoint, def *schemas.Definition) *JobView {
 		CreatedAt: cp.CreatedAt, UpdatedAt: cp.UpdatedAt, CompletedAt: cp.CompletedAt,
 		Steps: []StepView{},
 	}
+	v.Transcripts = cp.Transcripts
 	if cp.Fan != nil {
 		v.Fan = newFanView(cp)
 	}

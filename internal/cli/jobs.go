@@ -179,7 +179,26 @@ func printView(w io.Writer, v *client.JobView) {
 		}
 		fmt.Fprintln(w)
 	}
-	if f := v.Fan; f != nil {
+	if f := v.Fan; f != nil && f.Agent != nil {
+		a := f.Agent
+		u := a.TotalUsage()
+		fmt.Fprintf(w, "agent     %s: turn %d, %d tool calls (%d refused, %d failed), %d tokens, cost %.4f", f.Step, a.Turn, a.ToolCalls, a.InvalidCalls, a.ToolErrors, u.Total(), a.Cost)
+		if len(a.Calls) > 0 {
+			done := 0
+			for _, c := range a.Calls {
+				if c.Done {
+					done++
+				}
+			}
+			fmt.Fprintf(w, "; this turn's calls: %d done, %d running", done, f.Running)
+		} else if f.Running > 0 {
+			fmt.Fprintf(w, "; turn %d in flight", a.Turn+1)
+		}
+		if f.Blocked > 0 {
+			fmt.Fprintf(w, ", %d waiting for a person", f.Blocked)
+		}
+		fmt.Fprintln(w)
+	} else if f != nil {
 		fmt.Fprintf(w, "%-9s %s: %d %s, %d completed, %d running (%d retrying), %d failed", f.Kind, f.Step, f.Total, map[string]string{"map": "items", "parallel": "branches"}[f.Kind], f.Completed, f.Running, f.Retrying, f.Failed)
 		if f.Pending > 0 {
 			fmt.Fprintf(w, ", %d pending", f.Pending)

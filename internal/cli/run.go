@@ -499,6 +499,8 @@ func shellQuote(s string) string {
 func printEvent(w io.Writer, h schemas.HistoryEvent) {
 	d := h.Data
 	switch {
+	case d.Tool != "" && d.Item == 0:
+		d.Step = fmt.Sprintf("%s.%s(%s)", d.Step, d.Tool, d.Call) // an agent's tool call refused before dispatch
 	case d.Tool != "":
 		d.Step = fmt.Sprintf("%s.%s#%d", d.Step, d.Tool, d.Item) // an agent's tool call, counted over its run
 	case d.Item > 0:

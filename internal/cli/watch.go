@@ -148,3 +148,88 @@ func (w *watcher) text(step string, turn int, text string) {
 	fmt.Fprint(w.out, text)
 	w.midLine = true
 }
+
+func newTranscriptCmd(g *globals) *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "transcript JOB",
+		Short: "Print the conversation of a job's agent steps: every message, tool call and tool result",
+		Long: `Transcript reads a job's agent transcripts from the value store and prints them:
+the running agent's conversation so far, then those of the runs that ended
+(completed or failed), oldest first. --output json prints
+{"transcripts": [[message, …], …]} with the messages as stored (roles user and
+assistant; blocks text, tool_use, tool_result).`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			if err := client.ValidateJobID(args[0]); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			return g.withClient(cmd.Context(), func(c *client.Client, st *kv.Store) error {
+				ent, err := st.Checkpoints.Get(cmd.Context(), args[0])
+				if err != nil {
+					return &ExitError{Code: 1, Err: err}
+				}
+				cp := ent.Checkpoint
+				var runs [][]schemas.TranscriptPart
+				for _, p := range cp.Transcripts {
+					runs = append(runs, []schemas.TranscriptPart{p})
+				}
+				if cp.Fan != nil && cp.Fan.Agent != nil && len(cp.Fan.Agent.Transcript) > 0 {
+					runs = append(runs, cp.Fan.Agent.Transcript)
+				}
+				if len(runs) == 0 {
+					return &ExitError{Code: 1, Err: fmt.Errorf("job %s has no agent transcript", cp.JobID)}
+				}
+				if st.Values == nil {
+					return fmt.Errorf("job %s: this store has no value store", cp.JobID)
+				}
+				all := make([][]schemas.AgentMessage, 0, len(runs))
+				for _, parts := range runs {
+					var msgs []schemas.AgentMessage
+					for _, p := range parts {
+						data, err := st.Values.Get(cmd.Context(), cp.MsgPrefix(), p.Ref())
+						if err != nil {
+							return fmt.Errorf("job %s: read transcript part %s: %w", cp.JobID, p.Digest, err)
+						}
+						var part []schemas.AgentMessage
+						if err := json.Unmarshal(data, &part); err != nil {
+							return fmt.Errorf("job %s: transcript part %s: %w", cp.JobID, p.Digest, err)
+						}
+						msgs = append(msgs, part...)
+					}
+					all = append(all, msgs)
+				}
+				if output == "json" {
+					return printJSON(g.stdout, map[string]any{"transcripts": all})
+				}
+				for i, msgs := range all {
+					if len(all) > 1 {
+						fmt.Fprintf(g.stdout, "transcript %d of %d\n", i+1, len(all))
+					}
+					for _, m := range msgs {
+						for _, b := range m.Content {
+							switch b.Type {
+							case "text":
+								fmt.Fprintf(g.stdout, "%-9s %s\n", m.Role+":", strings.ReplaceAll(b.Text, "\n", "\n          "))
+							case "tool_use":
+								fmt.Fprintf(g.stdout, "%-9s → %s %s  [%s]\n", m.Role+":", b.Name, b.Input, b.ToolUseID)
+							case "tool_result":
+								what := "←"
+								if b.IsError {
+									what = "← error:"
+								}
+								fmt.Fprintf(g.stdout, "%-9s %s %s  [%s]\n", m.Role+":", what, oneLine(b.Content, 300), b.ToolUseID)
+							}
+						}
+					}
+				}
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	return cmd
+}

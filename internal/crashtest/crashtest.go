@@ -194,13 +194,22 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	for _, p := range points {
 		for _, s := range stepIDs {
 			step, tool := splitTool(def, s)
-			if tool == nil {
+			switch {
+			case tool == nil && step.Kind == schemas.KindAgent && (p == SlowProvider || p == DeadLetter):
+				// An agent's own dispatches are model turns: no provider of
+				// the workflow's to slow down, no call of its own to die
+				// after. Its tools get these cases.
+			case tool == nil:
 				cases = append(cases, Point{Failpoint: p, Step: s, EffectClass: string(def.EffectOf(step))})
-			} else if strings.HasPrefix(p, "worker.") {
+			case strings.HasPrefix(p, "worker.") || p == DeadLetter:
 				// A tool call is a worker's: the engine's points name the step.
 				cases = append(cases, Point{Failpoint: p, Step: s, EffectClass: string(def.ToolEffectOf(step, tool))})
 			}
 		}
+	}
+	if len(cases) == 0 {
+		return nil, fmt.Errorf("crashtest: no case for points %s and steps %s: an agent's tools take the worker's points and dead-letter only, an agent's turns neither slow-provider nor dead-letter",
+			strings.Join(points, ", "), strings.Join(stepIDs, ", "))
 	}
 	sem := make(chan struct{}, cfg.Parallel)
 	var wg sync.WaitGroup

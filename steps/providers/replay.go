@@ -266,7 +266,7 @@ func (p *replayProvider) Complete(ctx context.Context, req Request) (Reply, erro
 			why = fmt.Sprintf("the cassette has %d interaction(s) for this step recorded for other prompts, so the prompt or system prompt changed since recording", otherPrompts)
 		}
 		return Reply{}, nonRetryable(Replay, ErrNoRecording,
-			"no recorded reply for step %q with prompt sha256 %s: %s; record one by running the step once through providers.NewRecorder around a live provider, "+
+			"no recorded reply for step %q with prompt sha256 %s: %s; record one by running the step live with WAYMARK_RECORD_CASSETTE=FILE set on the worker (providers.NewRecorder), "+
 				`or add {"step": %q, "prompt_sha256": %q, "replies": [{"text": "..."}]} to the cassette`,
 			req.Step, hash, why, req.Step, hash)
 	}
@@ -278,7 +278,7 @@ func (p *replayProvider) Complete(ctx context.Context, req Request) (Reply, erro
 		why = fmt.Sprintf("the cassette has %d interaction(s) for this step, none for this turn", otherTurns)
 	}
 	return Reply{}, nonRetryable(Replay, ErrNoRecording,
-		"no recorded reply for step %q turn %d with prompt sha256 %s: %s; record one by running the step once through providers.NewRecorder around a live provider, "+
+		"no recorded reply for step %q turn %d with prompt sha256 %s: %s; record one by running the step live with WAYMARK_RECORD_CASSETTE=FILE set on the worker (providers.NewRecorder), "+
 			`or add {"step": %q, "turn": %d, "prompt_sha256": %q, "replies": [{"text": "...", "tool_calls": [...]}]} to the cassette`,
 		req.Step, req.Turn, hash, why, req.Step, req.Turn, hash)
 }
