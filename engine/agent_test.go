@@ -215,6 +215,13 @@ func TestAgentLimitsStopTheLoop(t *testing.T) {
 				if v.Status != schemas.JobFailed || v.Error == nil || v.Error.Code != schemas.CodeLimitReached || !strings.Contains(v.Error.Message, tc.stop) {
 					t.Fatalf("status %s, error %+v; want failed with %s", v.Status, v.Error, tc.stop)
 				}
+				// What the model did stays readable after the failure.
+				if len(v.Transcripts) != 1 || v.Transcripts[0].Messages != 2*tc.turns {
+					t.Fatalf("transcripts %+v, want one of %d messages", v.Transcripts, 2*tc.turns)
+				}
+				if _, err := b.store.Values.Get(context.Background(), id, v.Transcripts[0].Ref()); err != nil {
+					t.Fatalf("the failed agent's transcript: %v", err)
+				}
 				return
 			}
 			if v.Status != schemas.JobCompleted {
@@ -355,5 +362,23 @@ func TestAgentToolCallWithUnknownOutcomeWaitsForAPerson(t *testing.T) {
 	next(t, ch).reply(json.RawMessage(`{}`), nil)
 	if v := b.wait(id); v.Status != schemas.JobCompleted {
 		t.Fatalf("status %s error %+v", v.Status, v.Error)
+	}
+}
+
+func TestParseAnswer(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ text, want, why string }{
+		{text: `{"a": 1}`, want: `{"a":1}`},
+		{text: "```json\n{\"a\": 1}\n```", want: `{"a":1}`},
+		{text: "Here it is:\n\n```json\n{\"a\": 1}\n```\nDone.", want: `{"a":1}`},
+		{text: "acme, I think", why: "not a JSON value"},
+		{text: "```json\n{\"a\": 1}", why: "not closed"},
+		{text: "```json\n{}\n```\nor\n```json\n[]\n```", why: "more than one code block"},
+		{text: "```\nnot json\n```", why: "code block is not a JSON value"},
+	} {
+		got, why := parseAnswer(tc.text)
+		if string(got) != tc.want || (tc.why == "") != (why == "") || !strings.Contains(why, tc.why) {
+			t.Errorf("parseAnswer(%q) = %s, %q; want %s, %q", tc.text, got, why, tc.want, tc.why)
+		}
 	}
 }
