@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -84,6 +85,10 @@ func dispatchTool(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, call *sc
 		nb := notBefore
 		d.NotBefore = &nb
 		status = schemas.StepRetrying
+	}
+	if t.Kind == schemas.KindWorkflow {
+		// A child job: started, not sent to a worker; its end is the result.
+		d.Child, d.NotBefore, status = schemas.ChildJobID(cp.JobID, s.ID+"-"+childPart(call.ID, call.Item), f.Run), nil, schemas.StepDispatched
 	}
 	f.Running = append(f.Running, d)
 	return event{typ: schemas.EventStepDispatched, data: schemas.HistoryData{
@@ -631,4 +636,13 @@ func toolCallMessage(cp *schemas.Checkpoint, d *schemas.Dispatch, sm *schemas.St
 		sm.IdempotencyKey = d.EffectKey
 	}
 	return nil
+}
+
+// childPart names a tool call in the id of the child job it starts: its
+// tool_use id when that is a plain name, else "call-<item>".
+func childPart(id string, item int) string {
+	if plainName.MatchString(id) {
+		return id
+	}
+	return "call-" + strconv.Itoa(item)
 }

@@ -382,3 +382,42 @@ func TestParseAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentToolThatIsAChildJob: a tool of kind workflow starts a child job
+// whose input is the call's arguments (checked by the child's input
+// schema); the child's final state is the tool's result, which the model
+// reads at the next turn.
+func TestAgentToolThatIsAChildJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	b.storeDef(kidWorkflow)
+	y := strings.Replace(agentFlow, "      - {name: search, kind: noop, effect: pure}",
+		"      - {name: search, kind: noop, effect: pure}\n      - {name: count, kind: workflow, input_schema: {type: object}, with: {workflow: kid}}", 1)
+	def := b.define(y)
+	id := b.start(def, `{}`, "agent-kid")
+	next(t, ch).reply(turnOut(t, true, "", [3]string{"k1", "count", `{"n": 4}`}), nil)
+	child := schemas.ChildJobID(id, "agent-k1", 1)
+	for _, step := range []string{"k1", "k2"} {
+		h := next(t, ch)
+		if h.sm.Job != child || h.sm.Step != step {
+			t.Fatalf("got job %s step %s, want the child %s's step %s", h.sm.Job, h.sm.Step, child, step)
+		}
+		h.reply(json.RawMessage(`{"ok": true}`), nil)
+	}
+	t2 := next(t, ch)
+	msgs := b.transcriptOf(t2.sm)
+	if t2.sm.Turn != 2 || len(msgs) != 3 || msgs[2].Content[0].ToolUseID != "k1" || msgs[2].Content[0].IsError ||
+		!strings.Contains(msgs[2].Content[0].Content, `"n":4`) || !strings.Contains(msgs[2].Content[0].Content, `"k2"`) {
+		t.Fatalf("turn %d, transcript %+v", t2.sm.Turn, msgs)
+	}
+	t2.reply(turnOut(t, false, "4 counted"), nil)
+	next(t, ch).reply(json.RawMessage(`{}`), nil)
+	if v := b.wait(id); v.Status != schemas.JobCompleted {
+		t.Fatalf("status %s error %+v", v.Status, v.Error)
+	}
+	cv, err := b.client.Job(context.Background(), child)
+	if err != nil || cv.ParentJob != id || cv.ParentStep != "agent" {
+		t.Fatalf("child %+v: %v", cv, err)
+	}
+}

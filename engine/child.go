@@ -35,6 +35,14 @@ func (e *Engine) startChild(ctx context.Context, cp *schemas.Checkpoint, d *sche
 	if s == nil {
 		return fmt.Errorf("job %s: start child %s: no step %q", cp.JobID, d.Child, d.Step)
 	}
+	var args json.RawMessage // an agent's tool call: the child's input
+	if d.Item > 0 && s.Kind == schemas.KindAgent && cp.Fan != nil && cp.Fan.Agent != nil {
+		call := cp.Fan.Agent.CallByItem(d.Item)
+		if call == nil || s.ToolOf(call.Name) == nil {
+			return fmt.Errorf("job %s: start child %s: no tool call %d", cp.JobID, d.Child, d.Item)
+		}
+		s, args = schemas.ToolStep(s, s.ToolOf(call.Name)), call.Input
+	}
 	cs, err := schemas.ChildOf(s)
 	if err != nil {
 		return e.failChild(ctx, cp, d, err.Error())
@@ -66,7 +74,9 @@ func (e *Engine) startChild(ctx context.Context, cp *schemas.Checkpoint, d *sche
 		}
 	}
 	input := json.RawMessage(state)
-	if cs.Input != "" {
+	if args != nil {
+		input = args
+	} else if cs.Input != "" {
 		v, _, err := cutPath(state, strings.Split(cs.Input, "."))
 		if err != nil {
 			return e.failChild(ctx, cp, d, fmt.Sprintf("with.input: state.%s: %v", cs.Input, err))
@@ -91,12 +101,12 @@ func callerOf(cp *schemas.Checkpoint, d *schemas.Dispatch) *schemas.Caller {
 	if cp.Caller != nil {
 		depth = cp.Caller.Depth + 1
 	}
-	return &schemas.Caller{Job: cp.JobID, Step: d.Step, Attempt: d.Attempt, MsgID: d.MsgID, Depth: depth}
+	return &schemas.Caller{Job: cp.JobID, Step: d.Step, Attempt: d.Attempt, MsgID: d.MsgID, Depth: depth, Item: d.Item}
 }
 
 // failChild answers d with a failure: its child could not be started.
 func (e *Engine) failChild(ctx context.Context, cp *schemas.Checkpoint, d *schemas.Dispatch, why string) error {
-	res := &schemas.StepResult{Job: cp.JobID, Step: d.Step, Attempt: d.Attempt,
+	res := &schemas.StepResult{Job: cp.JobID, Step: d.Step, Attempt: d.Attempt, Item: d.Item,
 		Error: &schemas.Error{Code: schemas.CodeStepFailed, Message: "child job " + d.Child + ": " + why}}
 	return e.sendResult(ctx, res, d.MsgID)
 }
@@ -104,7 +114,7 @@ func (e *Engine) failChild(ctx context.Context, cp *schemas.Checkpoint, d *schem
 // notifyCaller sends a child job's end to c, its parent's dispatch: its
 // final state as the output of the workflow step, or its error.
 func (e *Engine) notifyCaller(ctx context.Context, cp *schemas.Checkpoint, c *schemas.Caller) error {
-	res := &schemas.StepResult{Job: c.Job, Step: c.Step, Attempt: c.Attempt}
+	res := &schemas.StepResult{Job: c.Job, Step: c.Step, Attempt: c.Attempt, Item: c.Item}
 	if cp.Status == schemas.JobFailed {
 		msg := "child job " + cp.JobID + " failed"
 		if cp.Error != nil {

@@ -30,12 +30,14 @@ const (
 )
 
 // Tool is a tool an agent step offers its model. Name, Description and
-// InputSchema are what the model sees; the rest says how a worker performs
-// a call: like a step of Kind (http, a kind registered in the worker) with
-// With as its settings, Effect its class and Pool its worker pool (the
-// agent step's pool when empty). The call's arguments are checked against
-// InputSchema before anything is dispatched, and templates in With see
-// them as .args (and .item).
+// InputSchema are what the model sees; the rest says how a call is
+// performed: like a step of Kind (http, mcp, a kind registered in the
+// worker) with With as its settings, Effect its class and Pool its worker
+// pool (the agent step's pool when empty), or, for KindWorkflow, as a
+// child job of the workflow With names, whose input is the call's
+// arguments and whose final state is the result. The call's arguments are
+// checked against InputSchema before anything is dispatched, and templates
+// in With see them as .args (and .item).
 type Tool struct {
 	Name         string          `json:"name"` // [a-zA-Z0-9_-]{1,64}, unique within the step
 	Description  string          `json:"description,omitempty"`
@@ -397,8 +399,15 @@ func checkAgents(d *Definition) []Problem {
 			switch t.Kind {
 			case "":
 				add(tp+"/kind", "a tool needs a kind: http, or a kind your workers register")
-			case KindAgent, KindParallel, KindWorkflow:
+			case KindAgent, KindParallel:
 				add(tp+"/kind", "a tool cannot be of kind %s", t.Kind)
+			case KindWorkflow:
+				// A child job whose input is the call's arguments.
+				if cs, err := ChildOf(ToolStep(&s, &t)); err != nil {
+					add(tp+"/with", "%v", err)
+				} else if cs.Input != "" {
+					add(tp+"/with/input", "a workflow tool's child takes the call's arguments as its input; remove with.input")
+				}
 			}
 			switch t.Effect {
 			case "", EffectPure, EffectIdempotent, EffectLookup, EffectUnsafe:

@@ -30,6 +30,9 @@ type Caller struct {
 	// Depth is how deep the child is: 1 for a job's child, 2 for its
 	// grandchild; at most MaxChildDepth.
 	Depth int `json:"depth,omitempty"`
+	// Item is the parent's tool call (Dispatch.Item) when the child runs an
+	// agent's tool of kind workflow; 0 otherwise.
+	Item int `json:"item,omitempty"`
 }
 
 // MaxChildDepth bounds the nesting of child jobs: a workflow that starts

@@ -320,6 +320,9 @@ func (r *Registry) check(allowed []string, prepare func(Kind, *Prep) []schemas.P
 				for j := range s.Tools {
 					t := &s.Tools[j]
 					path := fmt.Sprintf("/steps/%d/tools/%d", i, j)
+					if t.Kind == schemas.KindWorkflow {
+						continue // a child job: the engine's, checked by the loader
+					}
 					if tk, ok := r.Lookup(t.Kind); ok {
 						ps = append(ps, prepare(tk, &Prep{Definition: def, Step: schemas.ToolStep(s, t), Index: i, Path: path})...)
 					} else if !contains(allowed, t.Kind) {

@@ -2,6 +2,7 @@ package client
 
 import (
 	"encoding/json"
+	"slices"
 	"sort"
 	"time"
 
@@ -164,6 +165,11 @@ func NewJobView(cp *schemas.Checkpoint, def *schemas.Definition) *JobView {
 			for run := 1; run <= runs; run++ {
 				v.Children = append(v.Children, schemas.ChildJobID(cp.JobID, s.ID, run))
 			}
+		}
+	}
+	for _, d := range cp.Dispatches() { // an agent's tool calls that are child jobs, in flight
+		if d.Child != "" && !slices.Contains(v.Children, d.Child) {
+			v.Children = append(v.Children, d.Child)
 		}
 	}
 	add := func(id, kind string, idx int) {

@@ -366,19 +366,26 @@ func (e *inputErr) Unwrap() error { return e.cause }
 func childCheck(known func(name string) bool) schemas.CheckFunc {
 	return func(def *schemas.Definition) []schemas.Problem {
 		var ps []schemas.Problem
-		for i := range def.Steps {
-			s := &def.Steps[i]
-			if s.Kind != schemas.KindWorkflow {
-				continue
-			}
+		check := func(s *schemas.Step, ptr string) {
 			cs, err := schemas.ChildOf(s)
 			if err != nil {
-				ps = append(ps, schemas.Problem{Path: fmt.Sprintf("/steps/%d/with", i), Message: err.Error()})
-				continue
+				ps = append(ps, schemas.Problem{Path: ptr + "/with", Message: err.Error()})
+				return
 			}
 			if cs.Workflow != def.Name && !known(cs.Workflow) {
-				ps = append(ps, schemas.Problem{Path: fmt.Sprintf("/steps/%d/with/workflow", i),
+				ps = append(ps, schemas.Problem{Path: ptr + "/with/workflow",
 					Message: fmt.Sprintf("workflow %q is not stored, and no --child file defines it", cs.Workflow)})
+			}
+		}
+		for i := range def.Steps {
+			s := &def.Steps[i]
+			if s.Kind == schemas.KindWorkflow {
+				check(s, fmt.Sprintf("/steps/%d", i))
+			}
+			for j := range s.Tools { // an agent's tools that are child jobs
+				if t := &s.Tools[j]; t.Kind == schemas.KindWorkflow {
+					check(schemas.ToolStep(s, t), fmt.Sprintf("/steps/%d/tools/%d", i, j))
+				}
 			}
 		}
 		return ps
