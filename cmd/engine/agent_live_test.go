@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -204,16 +205,24 @@ func TestAgentThroughTheProviderSDKs(t *testing.T) {
 // the beginning.
 func TestAgentCrashAtTurn17(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct{ name, failpoint string }{
+	for _, tc := range []struct {
+		name, failpoint string
+		again           int // model calls of turn 17 made again
+	}{
 		// Turn 17's reply is published, its message not acknowledged.
-		{"after turn 17's reply", "worker.after_result_publish=crash/agent@33"},
+		{"after turn 17's reply", "worker.after_result_publish=crash/agent@33", 0},
 		// Turn 17's message came, the model not yet asked.
-		{"before turn 17's call", "worker.after_receive=crash/agent@33"},
+		{"before turn 17's call", "worker.after_receive=crash/agent@33", 0},
+		// Killed (SIGKILL from the test) while turn 17's streamed call is
+		// open: that turn, and only it, is asked again.
+		{"while turn 17 streams", "", 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			var mu sync.Mutex
 			modelCalls, toolCalls := map[int]int{}, map[string]int{}
+			streaming := make(chan struct{})
+			var hung atomic.Bool
 			tools := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				mu.Lock()
 				toolCalls[r.URL.Query().Get("city")]++
@@ -231,6 +240,14 @@ func TestAgentCrashAtTurn17(t *testing.T) {
 				mu.Lock()
 				modelCalls[turn]++
 				mu.Unlock()
+				if tc.failpoint == "" && turn == 17 && hung.CompareAndSwap(false, true) {
+					if !req.Stream {
+						t.Errorf("turn 17 was not asked to stream")
+					}
+					close(streaming)
+					<-ctx.Done() // until the killed worker's connection goes
+					return fakemodel.Response{Status: http.StatusServiceUnavailable, Text: "gone"}
+				}
 				resp := fakemodel.Response{InputTokens: int64(1000 * turn), OutputTokens: 50}
 				if turn < 20 {
 					resp.ToolCalls = []fakemodel.ToolCall{{ID: fmt.Sprintf("call_%d", turn), Name: "weather", Input: json.RawMessage(fmt.Sprintf(`{"city":"c%d"}`, turn))}}
@@ -252,10 +269,22 @@ func TestAgentCrashAtTurn17(t *testing.T) {
 			bin := testsupport.Binary(t, "engine")
 			env := []string{"WAYMARK_MODEL_MODE=live", "WAYMARK_SECRET_MODEL_KEY=" + modelCanary, "WAYMARK_SECRET_TOOL_KEY=" + toolCanary}
 			args := []string{"run", wf, "--input", in, "--job-id", "long-1", "--data-dir", filepath.Join(dir, "data"), "--sync", "always", "--output", "json"}
-			first := spawn(t, append(env, "WAYMARK_FAILPOINTS="+tc.failpoint), bin, args...)
-			first.waitKilled(t, 60*time.Second)
+			if tc.failpoint == "" {
+				first := spawn(t, env, bin, args...)
+				select {
+				case <-streaming:
+				case <-time.After(60 * time.Second):
+					t.Fatal("turn 17 never came")
+				}
+				_ = first.cmd.Process.Kill()
+				<-first.done
+			} else {
+				first := spawn(t, append(env, "WAYMARK_FAILPOINTS="+tc.failpoint), bin, args...)
+				first.waitKilled(t, 60*time.Second)
+			}
 			mu.Lock()
 			before := len(modelCalls)
+			firstRun := maps.Clone(modelCalls)
 			mu.Unlock()
 			second := spawn(t, env, bin, args...)
 			select {
@@ -281,10 +310,14 @@ func TestAgentCrashAtTurn17(t *testing.T) {
 			defer mu.Unlock()
 			again := 0
 			for turn := 1; turn <= 20; turn++ {
-				if modelCalls[turn] != 1 {
-					t.Errorf("turn %d: %d model calls, want 1", turn, modelCalls[turn])
-					again += modelCalls[turn] - 1
+				want := 1
+				if turn == 17 {
+					want += tc.again
 				}
+				if modelCalls[turn] != want {
+					t.Errorf("turn %d: %d model calls, want %d", turn, modelCalls[turn], want)
+				}
+				again += modelCalls[turn] - 1
 			}
 			for city, n := range toolCalls {
 				if n != 1 {
@@ -294,11 +327,15 @@ func TestAgentCrashAtTurn17(t *testing.T) {
 			if len(toolCalls) != 19 {
 				t.Errorf("%d tool calls, want 19", len(toolCalls))
 			}
+			// What a restart from turn 1 would have asked again: every turn
+			// the first run asked, less those the resume asked again.
 			var saved int64
-			for turn := 1; turn < before; turn++ {
-				saved += int64(1000*turn) + 50
+			for turn := range firstRun {
+				if modelCalls[turn] == 1 {
+					saved += int64(1000*turn) + 50
+				}
 			}
-			t.Logf("crash %s: model turns before the crash %d; model calls made again %d; tool calls made again 0; tokens a restart from turn 1 would have spent again: %d",
+			t.Logf("crash %s: turns asked before the crash %d; model calls made again %d; tool calls made again 0; tokens a restart from turn 1 would have spent again: %d",
 				tc.name, before, again, saved)
 		})
 	}
