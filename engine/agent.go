@@ -160,14 +160,21 @@ func applyTurnResult(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, res *
 		a.Usage = map[string]schemas.TokenUsage{}
 	}
 	a.Usage[model] = a.Usage[model].Add(turn.Usage)
-	if len(s.Prices) > 0 {
-		p, ok := schemas.PriceOf(s.Prices, model)
-		if !ok && s.Limits != nil && s.Limits.MaxCost > 0 {
-			e := schemas.Errorf(schemas.CodeLimitReached, "model %q has no price in steps[%d].prices, so max_cost cannot be kept", model, c.def.StepIndex(s.ID)).At(cp.JobID, s.ID, res.Attempt)
-			keepTranscript(c, cp)
-			return failFanStep(c, cp, s, e, now)
-		}
+	p, priced := schemas.PriceOf(s.Prices, model)
+	switch {
+	case priced:
 		a.Cost += p.Cost(turn.Usage)
+	case len(s.Prices) == 0 && turn.Priced:
+		a.Cost += turn.Cost // from the worker's price file
+	}
+	if !priced && !(len(s.Prices) == 0 && turn.Priced) && s.Limits != nil && s.Limits.MaxCost > 0 {
+		where := fmt.Sprintf("steps[%d].prices", c.def.StepIndex(s.ID))
+		if len(s.Prices) == 0 {
+			where = "the worker's price file (--prices)"
+		}
+		e := schemas.Errorf(schemas.CodeLimitReached, "model %q has no price in %s, so max_cost cannot be kept", model, where).At(cp.JobID, s.ID, res.Attempt)
+		keepTranscript(c, cp)
+		return failFanStep(c, cp, s, e, now)
 	}
 	a.Model, a.PromptVersion, a.Text = model, turn.PromptVersion, textOf(turn.Message)
 	msgs := []schemas.AgentMessage{}

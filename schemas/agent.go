@@ -146,6 +146,10 @@ type AgentTurn struct {
 	// PromptVersion is "sha256:<hex>" of the system prompt and the tool
 	// definitions the turn was made with.
 	PromptVersion string `json:"prompt_version,omitempty"`
+	// Priced says the worker priced the turn from its price file (the step
+	// has no prices): Cost is what the turn cost, in its currency.
+	Priced bool    `json:"priced,omitempty"`
+	Cost   float64 `json:"cost,omitempty"`
 }
 
 // TranscriptPart is a run of transcript messages stored as one value (a
@@ -372,7 +376,7 @@ func checkAgents(d *Definition) []Problem {
 				add(base+"/limits", "limits cannot be negative")
 			}
 			if l.MaxCost > 0 && len(s.Prices) == 0 {
-				add(base+"/limits/max_cost", "max_cost needs prices: a price per million tokens for each model the step may use")
+				ps = append(ps, Problem{Path: base + "/limits/max_cost", Warning: true, Message: "max_cost without prices: the workers' price file (--prices) must price every model the step uses; a turn no one can price fails the step"})
 			}
 		}
 		keys := make([]string, 0, len(s.Prices))

@@ -6,6 +6,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"os"
+
+	"github.com/goccy/go-yaml"
 
 	"github.com/waymark-dev/waymark/schemas"
 	"github.com/waymark-dev/waymark/steps/providers"
@@ -94,6 +97,11 @@ func (r *agentRunner) run(ctx context.Context, c *Call) (any, error) {
 	out.Usage = schemas.TokenUsage{Input: reply.Usage.InputTokens, Output: reply.Usage.OutputTokens,
 		CacheRead: reply.Usage.CacheReadTokens, CacheWrite: reply.Usage.CacheWriteTokens}
 	out.PromptVersion = PromptVersion(req.System, r.tools)
+	if len(c.Step.Prices) == 0 && r.m.env != nil {
+		if p, ok := schemas.PriceOf(r.m.env.Prices, out.Model); ok {
+			out.Priced, out.Cost = true, p.Cost(out.Usage)
+		}
+	}
 	c.Logger().Debug("agent turn", "job", c.Job, "step", c.Step.ID, "turn", c.Turn, "source", r.m.source,
 		"tool_calls", len(reply.ToolCalls), "input_tokens", reply.Usage.InputTokens, "output_tokens", reply.Usage.OutputTokens)
 	return out, nil
@@ -127,4 +135,48 @@ func agentMessage(m providers.Message) schemas.AgentMessage {
 func (c *Call) scrubbedStream() func(string) {
 	s := c.scrubber()
 	return func(text string) { c.Stream(s.outputText(text)) }
+}
+
+// LoadPrices reads a price file: a YAML (or JSON) object of model name
+// (or name prefix) to {input, output, cache_read, cache_write}, each in
+// the file's currency per million tokens. Errors name the file and what
+// is wrong; unknown fields and negative prices are refused.
+func LoadPrices(path string) (map[string]schemas.Price, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var raw map[string]map[string]any
+	if err := yaml.Unmarshal(data, &raw); err != nil {
+		return nil, fmt.Errorf("price file %s: %w", path, err)
+	}
+	out := make(map[string]schemas.Price, len(raw))
+	for model, fields := range raw {
+		var p schemas.Price
+		for k, v := range fields {
+			n, ok := v.(float64)
+			if i, isInt := v.(uint64); isInt {
+				n, ok = float64(i), true
+			} else if i, isInt := v.(int64); isInt {
+				n, ok = float64(i), true
+			}
+			if !ok || n < 0 {
+				return nil, fmt.Errorf("price file %s: %s.%s is %v; want a number of 0 or more", path, model, k, v)
+			}
+			switch k {
+			case "input":
+				p.Input = n
+			case "output":
+				p.Output = n
+			case "cache_read":
+				p.CacheRead = n
+			case "cache_write":
+				p.CacheWrite = n
+			default:
+				return nil, fmt.Errorf("price file %s: %s has unknown field %q (want input, output, cache_read, cache_write)", path, model, k)
+			}
+		}
+		out[model] = p
+	}
+	return out, nil
 }

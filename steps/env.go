@@ -54,6 +54,10 @@ type Env struct {
 	// ProviderURLs overrides a model provider's base URL by provider name
 	// ("anthropic", "openai"): for proxies and tests.
 	ProviderURLs map[string]string
+	// Prices prices model tokens by model name (or name prefix), per
+	// million tokens, for agent steps whose definition has no prices
+	// (--prices FILE); nil: none.
+	Prices map[string]schemas.Price
 	// MCPServers maps a name to the command line of an MCP server the
 	// worker starts for an mcp step that names it (with.server), speaking
 	// MCP over its stdin and stdout. A definition names servers; only the

@@ -157,3 +157,59 @@ func TestAgentExampleUnsafeToolLeftDangling(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestAgentPricedByTheWorkersPriceFile: an agent with max_cost and no
+// prices of its own is priced from the worker's --prices file; without
+// one, its first turn fails the step, naming the missing price.
+func TestAgentPricedByTheWorkersPriceFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	files := map[string]string{
+		"agent.yaml": `
+name: priced
+version: 1
+assets: {cassette: cassette.json}
+steps:
+  - id: agent
+    kind: agent
+    save_as: out
+    with: {provider: replay, model: m1, prompt: "go", cassette: cassette}
+    limits: {max_cost: 1}
+    tools: [{name: look, kind: noop, effect: pure}]
+`,
+		"cassette.json": `{"version": 1, "interactions": [
+  {"step": "agent", "turn": 1, "replies": [{"text": "", "model": "m1-2026", "tool_calls": [{"id": "c1", "name": "look", "input": {}}], "usage": {"input_tokens": 1000, "output_tokens": 100}}]},
+  {"step": "agent", "turn": 2, "replies": [{"text": "done", "model": "m1-2026", "usage": {"input_tokens": 2000, "output_tokens": 100}}]}]}`,
+		"prices.yaml": "m1: {input: 3, output: 15}\n",
+		"input.json":  `{}`,
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin := testsupport.Binary(t, "engine")
+	run := func(extra ...string) *proc {
+		args := append([]string{"run", filepath.Join(dir, "agent.yaml"), "--input", filepath.Join(dir, "input.json"),
+			"--data-dir", t.TempDir(), "--output", "json"}, extra...)
+		p := spawn(t, []string{"WAYMARK_MODEL_MODE=replay"}, bin, args...)
+		<-p.done
+		return p
+	}
+	p := run("--prices", filepath.Join(dir, "prices.yaml"))
+	if p.err != nil {
+		t.Fatalf("priced run: %v\n%s", p.err, lastLines(p.errOut.String(), 20))
+	}
+	var st struct {
+		Out schemas.AgentOutput `json:"out"`
+	}
+	_ = json.Unmarshal(decodeView(t, p.out.String()).State, &st)
+	if want := (3000*3.0 + 200*15.0) / 1e6; st.Out.Cost < want*0.999 || st.Out.Cost > want*1.001 {
+		t.Errorf("cost %v, want %v (m1's price for m1-2026, from the price file)", st.Out.Cost, want)
+	}
+	p = run()
+	var ee *exec.ExitError
+	if !errors.As(p.err, &ee) || ee.ExitCode() != 1 || !strings.Contains(p.errOut.String(), `model "m1-2026" has no price in the worker's price file (--prices)`) {
+		t.Errorf("unpriced run: %v\n%s", p.err, lastLines(p.errOut.String(), 10))
+	}
+}

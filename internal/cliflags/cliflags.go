@@ -35,6 +35,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/waymark-dev/waymark/kv"
+	"github.com/waymark-dev/waymark/schemas"
 	"github.com/waymark-dev/waymark/steps"
 )
 
@@ -387,6 +388,7 @@ type StepFlags struct {
 	SecretsDir string   // --secrets-dir; env WAYMARK_SECRETS_DIR; default $CREDENTIALS_DIRECTORY
 	SecretEnv  []string // --secret-env NAME, repeatable; env WAYMARK_SECRETS_ENV, comma-separated
 	MCPServers []string // --mcp-server NAME='command args', repeatable
+	Prices     string   // --prices FILE; env WAYMARK_PRICES
 	AllowKinds []string // kinds a definition may use beyond the built-ins (set by commands that load definitions)
 	Flags      *pflag.FlagSet
 }
@@ -397,6 +399,7 @@ func (s *StepFlags) Bind(cmd *cobra.Command) {
 	f := cmd.Flags()
 	s.Flags = f
 	f.StringArrayVar(&s.Services, "service", nil, "name=URL of a service that step templates reach as {{service \"name\"}} (repeatable)")
+	f.StringVar(&s.Prices, "prices", os.Getenv("WAYMARK_PRICES"), "YAML or JSON file of model prices per million tokens ({MODEL: {input, output, cache_read, cache_write}}) for agent steps whose definition has none (env WAYMARK_PRICES)")
 	f.StringArrayVar(&s.MCPServers, "mcp-server", nil, "NAME='command args' of an MCP server over stdio that mcp steps and tools reach as with.server NAME (repeatable)")
 	f.StringVar(&s.ModelMode, "model-mode", EnvOr("WAYMARK_MODEL_MODE", steps.ModelAuto), "model steps: auto (live when the API key is set, else the cassette), live or replay (env WAYMARK_MODEL_MODE)")
 	f.StringVar(&s.SecretsDir, "secrets-dir", EnvOr("WAYMARK_SECRETS_DIR", os.Getenv("CREDENTIALS_DIRECTORY")),
@@ -450,7 +453,13 @@ func (s *StepFlags) Env() (*steps.Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &steps.Env{Services: svc, ModelMode: s.ModelMode, Secrets: steps.Secrets{Dir: s.SecretsDir, Env: s.SecretEnv}, MCPServers: mcp}, nil
+	var prices map[string]schemas.Price
+	if s.Prices != "" {
+		if prices, err = steps.LoadPrices(s.Prices); err != nil {
+			return nil, fmt.Errorf("%s: %w", FlagValue(s.Flags, "prices", "WAYMARK_PRICES", s.Prices), err)
+		}
+	}
+	return &steps.Env{Services: svc, ModelMode: s.ModelMode, Secrets: steps.Secrets{Dir: s.SecretsDir, Env: s.SecretEnv}, MCPServers: mcp, Prices: prices}, nil
 }
 
 // NoArgs refuses positional arguments with exit status 2 (usage).
