@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/waymark-dev/waymark/internal/testsupport"
 	"github.com/waymark-dev/waymark/internal/testsupport/fakemodel"
+	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
 )
 
@@ -338,5 +341,92 @@ func TestAgentCrashAtTurn17(t *testing.T) {
 			t.Logf("crash %s: turns asked before the crash %d; model calls made again %d; tool calls made again 0; tokens a restart from turn 1 would have spent again: %d",
 				tc.name, before, again, saved)
 		})
+	}
+}
+
+// TestAgentRateLimitSharedByTwoWorkers: two worker processes serve two
+// agent jobs; the provider answers the first job's first call 429 with
+// Retry-After 2s, which its worker records in JetStream (waymark_limits);
+// the second job, started once the limit is recorded, makes no call before
+// the 2s are over, whichever worker takes it. No attempt is used up (the
+// step allows one) and both jobs complete.
+func TestAgentRateLimitSharedByTwoWorkers(t *testing.T) {
+	t.Parallel()
+	tools := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte(`{"celsius": 20}`))
+	}))
+	t.Cleanup(tools.Close)
+	var mu sync.Mutex
+	var limited time.Time // when the 429 was answered
+	var early []time.Duration
+	calls := 0
+	srv := fakemodel.NewAnthropic(t, func(ctx context.Context, req fakemodel.Request) fakemodel.Response {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		if limited.IsZero() {
+			limited = time.Now()
+			return fakemodel.Response{Status: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {"2"}}, Text: "slow down"}
+		}
+		if d := time.Since(limited); d < 1900*time.Millisecond {
+			early = append(early, d)
+		}
+		for _, m := range req.Messages {
+			if m.Role == "assistant" {
+				return fakemodel.Response{Text: "done", InputTokens: 10, OutputTokens: 2}
+			}
+		}
+		return fakemodel.Response{InputTokens: 10, OutputTokens: 2, ToolCalls: []fakemodel.ToolCall{{ID: "c1", Name: "weather", Input: json.RawMessage(`{"city":"Oslo"}`)}}}
+	})
+	dir := t.TempDir()
+	wf := filepath.Join(dir, "agent.yaml")
+	y := strings.Replace(agentLiveWorkflow("anthropic", srv.URL(), tools.URL), "retry: {max_attempts: 2, backoff: {initial: 10ms}}", "retry: {max_attempts: 1}", 1)
+	if err := os.WriteFile(wf, []byte(y), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	nsrv := testsupport.StartServer(t, testsupport.ServerOptions{TCP: true})
+	nats := "--nats-url=" + nsrv.URL()
+	bin := testsupport.Binary(t, "engine")
+	env := []string{"WAYMARK_MODEL_MODE=live", "WAYMARK_SECRET_MODEL_KEY=" + modelCanary, "WAYMARK_SECRET_TOOL_KEY=" + toolCanary}
+	spawn(t, env, bin, "serve", nats, "--http=", "--workers=0")
+	for range 2 {
+		spawn(t, env, testsupport.Binary(t, "worker"), nats, "--concurrency", "1")
+	}
+	store := nsrv.Store(t, kv.Config{})
+	sum := sha256.Sum256([]byte(srv.URL() + "\x00" + modelCanary))
+	limit := "anthropic." + hex.EncodeToString(sum[:8]) // steps.limitedProvider's name
+	for i, id := range []string{"rl-1", "rl-2"} {
+		p := spawn(t, nil, bin, "start", wf, nats, "--job-id", id)
+		<-p.done
+		if p.err != nil {
+			t.Fatalf("start %s: %v\n%s", id, p.err, p.errOut.String())
+		}
+		if i == 0 {
+			testsupport.Eventually(t, 30*time.Second, func() bool {
+				until, err := store.Limits.Until(context.Background(), limit)
+				return err == nil && until.After(time.Now())
+			}, "the 429's Retry-After was never recorded under %s", limit)
+		}
+	}
+	for _, id := range []string{"rl-1", "rl-2"} {
+		var out string
+		testsupport.Eventually(t, 60*time.Second, func() bool {
+			p := spawn(t, nil, bin, "status", id, nats, "--output", "json")
+			<-p.done
+			out = p.out.String()
+			return strings.Contains(out, `"status": "completed"`) || strings.Contains(out, `"status": "failed"`)
+		}, "job %s did not end", id)
+		v := decodeView(t, out)
+		if v.Status != schemas.JobCompleted {
+			t.Fatalf("job %s: %s %+v", id, v.Status, v.Error)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(early) > 0 {
+		t.Errorf("%d calls reached the provider %v after its 429 asked every caller to wait 2s", len(early), early)
+	}
+	if calls != 5 {
+		t.Errorf("provider calls %d, want 5 (the 429, then two turns for each job)", calls)
 	}
 }
