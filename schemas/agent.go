@@ -408,9 +408,14 @@ func checkAgents(d *Definition) []Problem {
 			case KindWorkflow:
 				// A child job whose input is the call's arguments.
 				if cs, err := ChildOf(ToolStep(&s, &t)); err != nil {
-					add(tp+"/with", "%v", err)
-				} else if cs.Input != "" {
-					add(tp+"/with/input", "a workflow tool's child takes the call's arguments as its input; remove with.input")
+					add(tp+"/with", "%s", strings.Replace(err.Error(), "a workflow step needs", "a workflow tool needs", 1))
+				} else {
+					if cs.Input != "" {
+						add(tp+"/with/input", "a workflow tool's child takes the call's arguments as its input; remove with.input")
+					}
+					if cs.Workflow == d.Name {
+						add(tp+"/with/workflow", "a workflow tool cannot start its own workflow %q: each child's agent could start another, without end", d.Name)
+					}
 				}
 			}
 			switch t.Effect {

@@ -187,7 +187,9 @@ func (f *Fan) MarshalJSON() ([]byte, error) {
 	w := fanWire{Step: f.Step, Run: f.Run, Total: f.Total, Next: f.Next, Done: f.Done, Failed: f.Failed, Cancelled: f.Cancelled,
 		Decided: f.Decided, Blocked: f.Blocked, Outputs: f.Outputs, Chunks: f.Chunks, OutputBytes: f.OutputBytes, Agent: f.Agent}
 	for _, d := range f.Running {
-		if d.Item == 0 || d.Step != f.Step || (w.Pool != "" && d.Pool != w.Pool) {
+		if d.Item == 0 || d.Step != f.Step || d.Child != "" || (w.Pool != "" && d.Pool != w.Pool) {
+			// In full: a branch, another pool's item, a tool call that is a
+			// child job (the compact form has no child).
 			w.Running = append(w.Running, d)
 			continue
 		}

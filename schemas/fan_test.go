@@ -45,3 +45,25 @@ func TestFanEncodingRoundTrips(t *testing.T) {
 		t.Fatalf("branch round trip: %+v %v", gotB.Running, err)
 	}
 }
+
+// TestFanKeepsAToolCallsChild: a tool call that is a child job keeps its
+// child through the compact encoding of a fan's items.
+func TestFanKeepsAToolCallsChild(t *testing.T) {
+	t.Parallel()
+	f := &schemas.Fan{Step: "agent", Run: 1, Total: 2, Agent: &schemas.AgentRun{}, Running: []*schemas.Dispatch{
+		{Step: "agent", Item: 1, Attempt: 1, RunAttempt: 1, Pool: "default", MsgID: schemas.ItemMsgID("j", "agent", 1, 1, 1)},
+		{Step: "agent", Item: 2, Attempt: 1, RunAttempt: 1, Pool: "default", MsgID: schemas.ItemMsgID("j", "agent", 1, 2, 1), Child: "j-agent-c2-r1-0000"},
+	}}
+	b, err := json.Marshal(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back schemas.Fan
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	back.FillIDs("j")
+	if d := back.RunningOf("agent", 2); d == nil || d.Child != "j-agent-c2-r1-0000" || d.MsgID != f.Running[1].MsgID {
+		t.Fatalf("after a round trip: %+v", d)
+	}
+}

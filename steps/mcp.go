@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os/exec"
 	"strings"
+	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -20,6 +23,10 @@ import (
 const KindMCP = "mcp"
 
 type mcpKind struct{}
+
+// mcpConnectTimeout bounds connecting to an MCP server (the initialize
+// handshake); the call itself has the step's timeout.
+const mcpConnectTimeout = 30 * time.Second
 
 type mcpWith struct {
 	// URL is the server's streamable HTTP endpoint, a template
@@ -77,6 +84,9 @@ func (mcpKind) Prepare(p *Prep) (Runner, error) {
 			return nil, fmt.Errorf("with.server %q: this worker has no MCP server of that name (give it --mcp-server %s='command args')", w.Server, w.Server)
 		}
 	}
+	if p.Tool != "" && len(w.Arguments) > 0 {
+		return nil, fmt.Errorf("with.arguments: an agent's mcp tool sends the model's arguments; remove with.arguments")
+	}
 	if r.args, err = compileBody(p.Step.ID, w.Arguments, p.Env); err != nil {
 		return nil, err
 	}
@@ -114,13 +124,22 @@ func (r *mcpRunner) run(ctx context.Context, c *Call) (any, error) {
 		return nil, err
 	}
 	client := mcp.NewClient(&mcp.Implementation{Name: "waymark-worker", Version: "1"}, nil)
-	session, err := client.Connect(ctx, transport, nil)
+	cctx, cancel := context.WithTimeout(ctx, mcpConnectTimeout)
+	session, err := client.Connect(cctx, transport, nil)
+	cancel()
 	if err != nil {
-		return nil, Retryable(fmt.Errorf("mcp %s: connect: %w", where, err))
+		// No tool was called: whatever the tool's class, nothing happened.
+		return nil, NotPerformed(Retryable(fmt.Errorf("mcp %s: connect: %w", where, err)))
 	}
 	defer session.Close()
 	res, err := session.CallTool(ctx, &mcp.CallToolParams{Name: r.w.Tool, Arguments: args})
-	if err != nil {
+	var rpcErr *jsonrpc.Error
+	switch {
+	case errors.As(err, &rpcErr):
+		// The server refused the call (an unknown tool, bad arguments): it
+		// would refuse it again, and did nothing.
+		return nil, NotPerformed(NonRetryable(fmt.Errorf("mcp %s: call tool %s: %w", where, r.w.Tool, err)))
+	case err != nil:
 		return nil, Retryable(fmt.Errorf("mcp %s: call tool %s: %w", where, r.w.Tool, err))
 	}
 	text := mcpText(res)
@@ -151,6 +170,9 @@ func (r *mcpRunner) transport(ctx context.Context, c *Call, data any) (mcp.Trans
 			return nil, "", err
 		}
 		return nil, "", NonRetryable(err)
+	}
+	if pu, err := url.Parse(u); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+		return nil, "", NotPerformed(NonRetryable(fmt.Errorf("mcp with.url %q: want an http:// or https:// URL", redactURL(u))))
 	}
 	h := http.Header{}
 	for k, t := range r.headers {

@@ -39,6 +39,8 @@ type Prep struct {
 	// definition ("/steps/<Index>", or "/steps/<Index>/tools/<j>" for an
 	// agent's tool); empty means "/steps/<Index>".
 	Path string
+	// Tool is the agent tool Step stands for (schemas.ToolStep), or "".
+	Tool string
 }
 
 // pathOf returns p's JSON Pointer (Prep.Path).
@@ -324,7 +326,7 @@ func (r *Registry) check(allowed []string, prepare func(Kind, *Prep) []schemas.P
 						continue // a child job: the engine's, checked by the loader
 					}
 					if tk, ok := r.Lookup(t.Kind); ok {
-						ps = append(ps, prepare(tk, &Prep{Definition: def, Step: schemas.ToolStep(s, t), Index: i, Path: path})...)
+						ps = append(ps, prepare(tk, &Prep{Definition: def, Step: schemas.ToolStep(s, t), Index: i, Path: path, Tool: t.Name})...)
 					} else if !contains(allowed, t.Kind) {
 						var kinds []string
 						for _, n := range r.Names() {

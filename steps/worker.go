@@ -741,7 +741,7 @@ func (w *Worker) prepare(ctx context.Context, hash, stepID, tool string) (*prepa
 		ps.err = fmt.Errorf("this worker has no step kind %q (it has: %v)", ps.step.Kind, w.cfg.Registry.Names())
 		ps.missingKind = true
 	default:
-		ps.runner, ps.err = kind.Prepare(&Prep{Definition: def, Step: ps.step, Index: idx, Env: w.cfg.Env})
+		ps.runner, ps.err = kind.Prepare(&Prep{Definition: def, Step: ps.step, Index: idx, Env: w.cfg.Env, Tool: tool})
 	}
 	if ps.err == nil {
 		ps.missingService = missingService(ps.step.With, w.cfg.Env)

@@ -67,7 +67,9 @@ func serveMCPStdio() {
 // TestAgentToolsServedByMCP: an agent's tools served by MCP servers
 // through the official SDK, one over streamable HTTP and one over the
 // stdio of a command the worker was given (--mcp-server); a tool whose
-// result says it failed becomes an error result the model reads.
+// result says it failed, an unsafe tool whose server is down and one the
+// server does not have become error results the model reads (nothing
+// happened: none waits for a person).
 func TestAgentToolsServedByMCP(t *testing.T) {
 	t.Parallel()
 	var httpCalls atomic.Int64
@@ -79,7 +81,9 @@ func TestAgentToolsServedByMCP(t *testing.T) {
 	  {"step": "agent", "turn": 1, "replies": [{"text": "", "stop_reason": "tool_use", "tool_calls": [
 	    {"id": "c1", "name": "weather_http", "input": {"city": "Paris"}},
 	    {"id": "c2", "name": "weather_local", "input": {"city": "Rome"}},
-	    {"id": "c3", "name": "broken", "input": {"city": "Mars"}}]}]},
+	    {"id": "c3", "name": "broken", "input": {"city": "Mars"}},
+	    {"id": "c4", "name": "down", "input": {"city": "Lima"}},
+	    {"id": "c5", "name": "nosuch", "input": {}}]}]},
 	  {"step": "agent", "turn": 2, "replies": [{"text": "Paris 19C, Rome 19C."}]}]}`
 	wf := fmt.Sprintf(`
 name: mcp-agent
@@ -94,6 +98,8 @@ steps:
       - {name: weather_http, kind: mcp, effect: pure, input_schema: {type: object}, with: {url: %q, tool: lookup}}
       - {name: weather_local, kind: mcp, effect: pure, input_schema: {type: object}, with: {server: local, tool: lookup}}
       - {name: broken, kind: mcp, effect: pure, retry: {max_attempts: 1}, with: {server: local, tool: explode}}
+      - {name: down, kind: mcp, effect: unsafe, retry: {max_attempts: 2, backoff: {initial: 10ms}}, with: {url: "http://127.0.0.1:1/mcp", tool: lookup}}
+      - {name: nosuch, kind: mcp, effect: unsafe, with: {server: local, tool: nosuchtool}}
 `, hs.URL)
 	for name, data := range map[string]string{"cassette.json": cassette, "agent.yaml": wf, "input.json": `{}`} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
@@ -121,7 +127,9 @@ steps:
 		Out schemas.AgentOutput `json:"out"`
 	}
 	_ = json.Unmarshal(v.State, &st)
-	if v.Status != schemas.JobCompleted || st.Out.Turns != 2 || st.Out.ToolCalls != 3 || st.Out.ToolErrors != 1 {
+	// An unsafe tool whose server is down, or that the server does not
+	// have, did nothing: an error result, not an effect for a person.
+	if v.Status != schemas.JobCompleted || st.Out.Turns != 2 || st.Out.ToolCalls != 5 || st.Out.ToolErrors != 3 {
 		t.Fatalf("status %s output %+v", v.Status, st.Out)
 	}
 	if n := httpCalls.Load(); n != 1 {
