@@ -338,6 +338,9 @@ func applyToolResult(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, res *
 	}
 	t := s.ToolOf(call.Name)
 	ts := schemas.ToolStep(s, t)
+	if d.Child != "" && res.DurationMs == 0 {
+		res.DurationMs = now.Sub(d.DispatchedAt).Milliseconds() // the child job's run
+	}
 	f.Remove(s.ID, res.Item)
 	e := res.Error
 	if e != nil && (e.Code == schemas.CodeDefinitionMissing || e.Code == schemas.CodeWaiting) {
@@ -523,8 +526,8 @@ func stopAgent(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, stop, why s
 	if why != "" {
 		why = "; " + why
 	}
-	e := schemas.Errorf(schemas.CodeLimitReached, "the agent stopped after %d turns and %d tool calls (%d tokens, cost %.4f): %s reached%s",
-		a.Turn, a.ToolCalls, u.Total(), a.Cost, stop, why).At(cp.JobID, s.ID, stepRecord(c, cp, s.ID).Attempts)
+	e := schemas.Errorf(schemas.CodeLimitReached, "the agent stopped after %s and %s (%d tokens, cost %.4f): %s reached%s",
+		schemas.Plural(a.Turn, "turn"), schemas.Plural(a.ToolCalls, "tool call"), u.Total(), a.Cost, stop, why).At(cp.JobID, s.ID, stepRecord(c, cp, s.ID).Attempts)
 	keepTranscript(c, cp)
 	return failFanStep(c, cp, s, e, now)
 }
@@ -556,8 +559,10 @@ func keepTranscript(c *compiled, cp *schemas.Checkpoint) *schemas.TranscriptPart
 		mergeTranscript(c, cp)
 	}
 	p := a.Transcript[0]
-	if !slices.Contains(cp.Transcripts, p) {
-		cp.Transcripts = append(cp.Transcripts, p)
+	kept := p
+	kept.Step = cp.Fan.Step
+	if !slices.Contains(cp.Transcripts, kept) {
+		cp.Transcripts = append(cp.Transcripts, kept)
 	}
 	return &p
 }

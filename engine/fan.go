@@ -923,7 +923,7 @@ func (e *Engine) dropChunks(ctx context.Context, base, next *schemas.Checkpoint)
 			}
 		}
 		for _, p := range old {
-			if !slices.Contains(kept, p) && !slices.Contains(next.Transcripts, p) {
+			if !slices.Contains(kept, p) && !slices.ContainsFunc(next.Transcripts, func(k schemas.TranscriptPart) bool { return k.Digest == p.Digest }) {
 				drop = append(drop, p.Ref())
 			}
 		}

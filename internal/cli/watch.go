@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -38,8 +39,10 @@ func newWatchCmd(g *globals) *cobra.Command {
 text of its agent turns as it streams from the model (published by workers on
 the core NATS subject <prefix>.stream.<job>, which no stream stores: a watcher
 sees what is said while it watches; the durable record is the turn's result,
-in the history). It stops when the job stops: exit 0 completed, 1 failed,
-3 waiting for a person (needs_reconciliation, blocked, quarantined).
+in the history). It prints the job's transitions so far first, then
+follows it, and stops when the job stops: exit 0 completed, 1 failed, 3
+waiting for a person (needs_reconciliation, blocked, quarantined), 130 when
+--timeout passes first.
 --output json prints one JSON object a line: {"kind":"event","event":{…}} or
 {"kind":"text","step":…,"turn":…,"text":…}.`,
 		Args: exactArgs(1),
@@ -55,7 +58,16 @@ in the history). It stops when the job stops: exit 0 completed, 1 failed,
 				if _, err := st.Checkpoints.Get(cmd.Context(), job); err != nil {
 					return &ExitError{Code: 1, Err: err}
 				}
-				w := &watcher{out: g.stdout, json: output == "json"}
+				w := &watcher{out: g.stdout, json: output == "json", seen: map[string]bool{}}
+				// The transitions so far first, then what comes live.
+				evs, err := c.History(cmd.Context(), job)
+				if err != nil {
+					return err
+				}
+				w.note("watching job %s (Ctrl-C stops watching; the job goes on)", job)
+				for _, h := range evs {
+					w.event(h)
+				}
 				sub, err := st.JS.Conn().Subscribe(st.Names.StreamSubject(job), func(m *nats.Msg) {
 					turn, _ := strconv.Atoi(m.Header.Get(schemas.HeaderTurn))
 					w.text(m.Header.Get(schemas.HeaderStep), turn, string(m.Data))
@@ -67,7 +79,6 @@ in the history). It stops when the job stops: exit 0 completed, 1 failed,
 				if err := st.JS.Conn().Flush(); err != nil {
 					return fmt.Errorf("watch job %s: %w", job, err)
 				}
-				w.note("watching job %s (Ctrl-C stops watching; the job goes on)", job)
 				ctx := cmd.Context()
 				if timeout > 0 {
 					var cancel context.CancelFunc
@@ -76,6 +87,9 @@ in the history). It stops when the job stops: exit 0 completed, 1 failed,
 				}
 				v, err := c.Wait(ctx, job, w.event)
 				if err != nil {
+					if timeout > 0 && errors.Is(err, context.DeadlineExceeded) {
+						return &ExitError{Code: 130, Err: fmt.Errorf("--timeout %v passed; job %s goes on", timeout, job)}
+					}
 					return err
 				}
 				w.note("job %s %s (resume_count %d)", v.ID, v.Status, v.ResumeCount)
@@ -101,6 +115,7 @@ type watcher struct {
 	json     bool
 	midLine  bool   // streamed text was printed without its line's end
 	streamOf string // "<step>/<turn>" of the text being printed
+	seen     map[string]bool
 }
 
 func (w *watcher) endLine() {
@@ -123,6 +138,10 @@ func (w *watcher) note(format string, args ...any) {
 func (w *watcher) event(h schemas.HistoryEvent) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.seen[h.ID] {
+		return
+	}
+	w.seen[h.ID] = true
 	if w.json {
 		_ = json.NewEncoder(w.out).Encode(watchLine{Kind: "event", Event: &h})
 		return
@@ -155,8 +174,8 @@ func newTranscriptCmd(g *globals) *cobra.Command {
 		Use:   "transcript JOB",
 		Short: "Print the conversation of a job's agent steps: every message, tool call and tool result",
 		Long: `Transcript reads a job's agent transcripts from the value store and prints them:
-the running agent's conversation so far, then those of the runs that ended
-(completed or failed), oldest first. --output json prints
+those of the agent runs that ended (completed or failed), oldest first, then
+the running agent's conversation so far; a failed job's error comes last. --output json prints
 {"transcripts": [[message, …], …]} with the messages as stored (roles user and
 assistant; blocks text, tool_use, tool_result).`,
 		Args: exactArgs(1),
@@ -174,11 +193,12 @@ assistant; blocks text, tool_use, tool_result).`,
 				}
 				cp := ent.Checkpoint
 				var runs [][]schemas.TranscriptPart
+				var steps []string
 				for _, p := range cp.Transcripts {
-					runs = append(runs, []schemas.TranscriptPart{p})
+					runs, steps = append(runs, []schemas.TranscriptPart{p}), append(steps, p.Step)
 				}
 				if cp.Fan != nil && cp.Fan.Agent != nil && len(cp.Fan.Agent.Transcript) > 0 {
-					runs = append(runs, cp.Fan.Agent.Transcript)
+					runs, steps = append(runs, cp.Fan.Agent.Transcript), append(steps, cp.Fan.Step+" (running)")
 				}
 				if len(runs) == 0 {
 					return &ExitError{Code: 1, Err: fmt.Errorf("job %s has no agent transcript", cp.JobID)}
@@ -206,8 +226,8 @@ assistant; blocks text, tool_use, tool_result).`,
 					return printJSON(g.stdout, map[string]any{"transcripts": all})
 				}
 				for i, msgs := range all {
-					if len(all) > 1 {
-						fmt.Fprintf(g.stdout, "transcript %d of %d\n", i+1, len(all))
+					if len(all) > 1 || steps[i] != "" {
+						fmt.Fprintf(g.stdout, "transcript %d of %d: step %s\n", i+1, len(all), steps[i])
 					}
 					for _, m := range msgs {
 						for _, b := range m.Content {
@@ -225,6 +245,9 @@ assistant; blocks text, tool_use, tool_result).`,
 							}
 						}
 					}
+				}
+				if cp.Status == schemas.JobFailed && cp.Error != nil {
+					fmt.Fprintf(g.stdout, "stopped:  %s\n", oneLine(cp.Error.Error(), 500))
 				}
 				return nil
 			})

@@ -201,6 +201,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				// after. Its tools get these cases.
 			case tool == nil:
 				cases = append(cases, Point{Failpoint: p, Step: s, EffectClass: string(def.EffectOf(step))})
+			case p == DeadLetter && def.ToolEffectOf(step, tool) == schemas.EffectPure:
+				// A pure tool has no call to die after (the point is the
+				// ledger's): no dead-letter case.
 			case strings.HasPrefix(p, "worker.") || p == DeadLetter:
 				// A tool call is a worker's: the engine's points name the step.
 				cases = append(cases, Point{Failpoint: p, Step: s, EffectClass: string(def.ToolEffectOf(step, tool))})
