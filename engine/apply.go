@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/expr-lang/expr"
@@ -469,6 +470,12 @@ func applySignal(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now t
 	if !signalMayApply(cp, sig) {
 		return outcomeStale, nil
 	}
+	if sig.Type == schemas.SignalCancel {
+		if c != nil && cp.Fan != nil && cp.Fan.Agent != nil {
+			keepTranscript(c, cp) // what the agent did stays readable
+		}
+		return outcomeApplied, []event{cancelJob(cp, sig, now)}
+	}
 	if cp.Fan != nil {
 		b, ok := resolveInFan(cp, sig.Key)
 		if !ok {
@@ -482,6 +489,46 @@ func applySignal(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now t
 	cp.Blocked = nil
 	evs := []event{{typ: schemas.EventStepUnblocked, data: schemas.HistoryData{Job: cp.JobID, Step: b.Step, Item: b.Item, EffectKey: sig.Key, By: sig.By}}}
 	return outcomeApplied, append(evs, dispatchOrStop(c, cp, b.Step, false, time.Time{}, now)...)
+}
+
+// cancelJob ends cp as cancelled by sig's person: what was in flight is
+// named in the event (its results, when they come, are stale; an effect
+// in flight is in the ledger as whatever it became), and child jobs in
+// flight are cancelled after the write (afterWrite).
+func cancelJob(cp *schemas.Checkpoint, sig *schemas.Signal, now time.Time) event {
+	var inFlight []string
+	for _, d := range cp.Dispatches() {
+		what := d.Step
+		if d.Item > 0 {
+			what += fmt.Sprintf("#%d", d.Item)
+		}
+		switch {
+		case d.Child != "":
+			what += " (child job " + d.Child + ")"
+		case d.EffectKey != "":
+			what += " (effect " + d.EffectKey + ")"
+		}
+		inFlight = append(inFlight, what)
+	}
+	by := sig.By
+	if by == "" {
+		by = "someone"
+	}
+	msg := "cancelled by " + by
+	if sig.Reason != "" {
+		msg += ": " + sig.Reason
+	}
+	reason := msg
+	if len(inFlight) > 0 {
+		reason += "; in flight: " + strings.Join(inFlight, ", ")
+	}
+	cp.Status = schemas.JobCancelled
+	cp.Error = &schemas.Error{Code: schemas.CodeCancelled, Job: cp.JobID, Message: msg}
+	cp.Current, cp.Fan, cp.Blocked = nil, nil, nil
+	cp.BlockedFrom, cp.BlockedReason = "", ""
+	t := now
+	cp.CompletedAt = &t
+	return event{typ: schemas.EventJobCancelled, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status), By: by, Reason: reason, Error: cp.Error}}
 }
 
 func failJob(cp *schemas.Checkpoint, e *schemas.Error, now time.Time) event {

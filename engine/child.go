@@ -115,8 +115,8 @@ func (e *Engine) failChild(ctx context.Context, cp *schemas.Checkpoint, d *schem
 // final state as the output of the workflow step, or its error.
 func (e *Engine) notifyCaller(ctx context.Context, cp *schemas.Checkpoint, c *schemas.Caller) error {
 	res := &schemas.StepResult{Job: c.Job, Step: c.Step, Attempt: c.Attempt, Item: c.Item}
-	if cp.Status == schemas.JobFailed {
-		msg := "child job " + cp.JobID + " failed"
+	if cp.Status == schemas.JobFailed || cp.Status == schemas.JobCancelled {
+		msg := "child job " + cp.JobID + " " + string(cp.Status)
 		if cp.Error != nil {
 			msg += ": " + cp.Error.Message
 		}

@@ -201,7 +201,11 @@ items:
 				e.log.Info("ignoring signal the job is not waiting for", "job", it.job, "type", it.signal.Type, "key", it.signal.Key)
 				continue
 			}
-			if !needDef(cp.DefinitionHash) {
+			cancel := it.signal.Type == schemas.SignalCancel
+			if cancel && cp.Status == schemas.JobBlocked {
+				// A job blocked on its definition is cancelled without it.
+				p.def = nil
+			} else if !needDef(cp.DefinitionHash) {
 				if p.err != nil {
 					return false
 				}
@@ -209,7 +213,11 @@ items:
 			}
 			_, sigEvs := applySignal(p.def, cp, it.signal, now)
 			redelivered()
-			p.tally.unblocked++
+			if cancel {
+				p.tally.cancelled++
+			} else {
+				p.tally.unblocked++
+			}
 			evs = append(evs, sigEvs...)
 			changed, cause = true, it.msgID
 		}
@@ -306,6 +314,9 @@ func signalMayApply(cp *schemas.Checkpoint, sig *schemas.Signal) bool {
 	status := cp.Status
 	if status == schemas.JobBlocked {
 		status = cp.BlockedFrom
+	}
+	if sig.Type == schemas.SignalCancel {
+		return !cp.Status.Terminal()
 	}
 	if sig.Type != schemas.SignalEffectResolved || status != schemas.JobNeedsReconciliation || cp.Blocked == nil {
 		return false

@@ -153,7 +153,7 @@ func (e *Engine) injectSteps(ctx context.Context, point string, p *plan) {
 // that a decision made again after a conflict is not counted twice.
 type tally struct {
 	started, rejected, applied, stale, resumes, republished, completed, failed uint64
-	blocked, unblocked, definitionBlocked                                      uint64
+	blocked, unblocked, definitionBlocked, cancelled                           uint64
 }
 
 // handleBatch decides and writes a batch and starts its publications; the
@@ -562,6 +562,7 @@ func (e *Engine) settle(ps []*plan) {
 			c.jobsFailed.Add(t.failed)
 			c.blocked.Add(t.blocked)
 			c.unblocked.Add(t.unblocked)
+			c.jobsCancelled.Add(t.cancelled)
 			c.definitionBlocked.Add(t.definitionBlocked)
 		}
 		for _, it := range p.items {

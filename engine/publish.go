@@ -212,6 +212,17 @@ func (e *Engine) afterWrite(ctx context.Context, ps []*plan) {
 						e.log.Warn("could not tell a child job's parent that it ended", "job", cp.JobID, "parent", cp.Caller.Job, "err", err)
 					}
 				}
+				if cp.Status == schemas.JobCancelled && p.base != nil {
+					// Its child jobs in flight are cancelled with it.
+					for _, d := range p.base.cp.Dispatches() {
+						if d.Child == "" {
+							continue
+						}
+						if err := e.store.SignalCancel(ctx, d.Child, "parent job "+cp.JobID, "its parent was cancelled"); err != nil {
+							e.log.Warn("could not cancel a cancelled job's child", "job", cp.JobID, "child", d.Child, "err", err)
+						}
+					}
+				}
 			}
 			for _, key := range p.markAmbiguous {
 				if err := e.markAmbiguous(ctx, cp, key); err != nil {

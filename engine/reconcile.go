@@ -148,7 +148,7 @@ func (e *Engine) reconcileJob(ctx context.Context, ie kv.IndexEntry, now time.Ti
 		return 0, false, nil
 	}
 	switch cp.Status {
-	case schemas.JobCompleted, schemas.JobFailed:
+	case schemas.JobCompleted, schemas.JobFailed, schemas.JobCancelled:
 		return 0, false, e.finishEnded(ctx, ent, ie.Revision)
 	case schemas.JobPending:
 		if now.Sub(cp.UpdatedAt) > e.cfg.ReconcileInterval {

@@ -25,6 +25,7 @@ type Stats struct {
 	HandleErrors     uint64 `json:"handle_errors"`    // inbox messages left for redelivery after an error
 	JobsBlocked      uint64 `json:"jobs_blocked"`     // jobs that stopped on an ambiguous effect
 	EffectsResolved  uint64 `json:"effects_resolved"` // blocked jobs a resolution set going again
+	JobsCancelled    uint64 `json:"jobs_cancelled"`   // by a person (engine cancel)
 	DeadLetters      uint64 `json:"dead_letters"`     // step messages that reached the work consumer's max deliveries
 	Requeued         uint64 `json:"requeued"`         // jobs dispatched again because the queues were lost
 	EffectsSwept     uint64 `json:"effects_swept"`    // effect records removed with their job after its retention
@@ -68,7 +69,7 @@ type counters struct {
 	reconcileErrors, handleErrors, blocked, unblocked    atomic.Uint64
 	deadLetters, swept, requeued                         atomic.Uint64
 	jobsSwept, historyRepublished, definitionBlocked     atomic.Uint64
-	childrenStarted                                      atomic.Uint64
+	childrenStarted, jobsCancelled                       atomic.Uint64
 	definitionUnblocked, markedAmbiguous, panics         atomic.Uint64
 	quarantined, indexRepaired, storageFull              atomic.Uint64
 	activeJobs, waitingForWorkers                        atomic.Int64
@@ -107,6 +108,7 @@ func (e *Engine) Stats() Stats {
 		HandleErrors:           c.handleErrors.Load(),
 		JobsBlocked:            c.blocked.Load(),
 		EffectsResolved:        c.unblocked.Load(),
+		JobsCancelled:          c.jobsCancelled.Load(),
 		DeadLetters:            c.deadLetters.Load(),
 		EffectsSwept:           c.swept.Load(),
 		Requeued:               c.requeued.Load(),

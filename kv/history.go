@@ -208,6 +208,22 @@ func (s *Store) SignalResolved(ctx context.Context, job, key string, rev uint64,
 	return err
 }
 
+// SignalCancel asks, through job's inbox, that job be cancelled by by
+// (who) for reason. The message id <job>/cancel makes repeats within the
+// duplicate window one signal; a later one finds the job ended and is
+// dropped. It returns the publish error.
+func (s *Store) SignalCancel(ctx context.Context, job, by, reason string) error {
+	sig, err := json.Marshal(schemas.Signal{Job: job, Type: schemas.SignalCancel, By: by, Reason: reason})
+	if err != nil {
+		return err
+	}
+	m := nats.NewMsg(s.Names.InboxSubject(InboxSignal, job))
+	m.Data = sig
+	m.Header.Set(jetstream.MsgIDHeader, job+"/cancel")
+	_, err = s.JS.PublishMsg(ctx, m)
+	return err
+}
+
 // AppendEffectEvent appends the ledger transition typ of rec (ledger
 // revision rev) to the history of job, as a CloudEvent from source at now.
 // job is usually rec.Job; a shared key's resolution is told to each job

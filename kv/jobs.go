@@ -22,7 +22,7 @@ import (
 // tokens, so the server does the filtering:
 //
 //	active.<workflow>.<job>          from creation until the job finished
-//	ended.<status>.<workflow>.<job>  once it finished (completed or failed)
+//	ended.<status>.<workflow>.<job>  once it finished (completed, failed or cancelled)
 //
 // The index follows the checkpoints, never the other way round, and every
 // write to it is conditional:

@@ -13,12 +13,13 @@ const CheckpointSchema = 1
 // JobStatus is where a job stands.
 type JobStatus string
 
-// Job statuses. Completed and Failed are terminal.
+// Job statuses. Completed, Failed and Cancelled are terminal.
 const (
 	JobPending     JobStatus = "pending"     // created by a client; no engine has started it yet
 	JobRunning     JobStatus = "running"     // a step is dispatched or waiting for its retry delay
 	JobCompleted   JobStatus = "completed"   // no transition remained; State is final
 	JobFailed      JobStatus = "failed"      // a step failed for good or a transition failed the job; see Error
+	JobCancelled   JobStatus = "cancelled"   // a person cancelled it (engine cancel); Error says who and why
 	JobQuarantined JobStatus = "quarantined" // the checkpoint could not be trusted; needs a person
 	// JobNeedsReconciliation: an unsafe effect's outcome is unknown; a
 	// person must resolve it (engine effects resolve) before the job goes on.
@@ -30,7 +31,7 @@ const (
 )
 
 // Terminal reports whether no further transition can happen.
-func (s JobStatus) Terminal() bool { return s == JobCompleted || s == JobFailed }
+func (s JobStatus) Terminal() bool { return s == JobCompleted || s == JobFailed || s == JobCancelled }
 
 // Stopped reports whether the job is terminal or waits for a person.
 func (s JobStatus) Stopped() bool {

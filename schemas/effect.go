@@ -105,10 +105,11 @@ type EffectResolution struct {
 // Signal asks the engine to act on a job from outside: published to the
 // inbox as waymark.inbox.signal.<job>.
 type Signal struct {
-	Job  string `json:"job"`
-	Type string `json:"type"` // SignalEffectResolved
-	Key  string `json:"key,omitempty"`
-	By   string `json:"by,omitempty"`
+	Job    string `json:"job"`
+	Type   string `json:"type"` // SignalEffectResolved or SignalCancel
+	Key    string `json:"key,omitempty"`
+	By     string `json:"by,omitempty"`
+	Reason string `json:"reason,omitempty"` // why, for SignalCancel
 }
 
 // Signal types.
@@ -116,4 +117,8 @@ const (
 	// SignalEffectResolved: an ambiguous effect was reconciled; a job
 	// waiting on it can go on.
 	SignalEffectResolved = "effect_resolved"
+	// SignalCancel: a person cancels the job (By, Reason): nothing more is
+	// dispatched, results still to come are dropped, child jobs in flight
+	// are cancelled too.
+	SignalCancel = "cancel"
 )

@@ -106,6 +106,7 @@ const (
 	EventJobUnblocked   = "dev.waymark.job.unblocked" // the cause of a job.blocked is gone
 	EventJobCompleted   = "dev.waymark.job.completed"
 	EventJobFailed      = "dev.waymark.job.failed"
+	EventJobCancelled   = "dev.waymark.job.cancelled" // By and Reason say who and why; Reason lists what was in flight"
 	EventStepDispatched = "dev.waymark.step.dispatched"
 	EventStepCompleted  = "dev.waymark.step.completed"
 	EventStepFailed     = "dev.waymark.step.failed"  // one attempt failed; Retrying tells whether another follows

@@ -27,6 +27,7 @@ const MaxRequestBytes = 8 << 20
 //	GET  /v1/jobs?status=&workflow=&limit=&after=  → {"jobs": [...], "cursor"?} newest first; after= the cursor of the previous page
 //	GET  /v1/jobs/{id}              → the job record
 //	GET  /v1/jobs/{id}/history      → {"events": [...]}
+//	POST /v1/jobs/{id}/cancel       {"by", "reason"?} → the cancelled job's record; 409 and its record when it had ended
 //	GET  /v1/effects?job=&state=    → {"effects": [...]} (state: prepared, dispatched, confirmed, ambiguous, reconciled)
 //	GET  /v1/effects/{key}          → one effect record (the key may contain '/')
 //	POST /v1/effects/resolve        {"key", "happened", "external_id"?, "result"?, "by", "note"?} → the reconciled record
@@ -53,6 +54,7 @@ func (a *API) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/jobs", a.listJobs)
 	mux.HandleFunc("GET /v1/jobs/{id}", a.getJob)
 	mux.HandleFunc("GET /v1/jobs/{id}/history", a.getHistory)
+	mux.HandleFunc("POST /v1/jobs/{id}/cancel", a.cancelJob)
 	mux.HandleFunc("GET /v1/effects", a.listEffects)
 	mux.HandleFunc("GET /v1/effects/{key...}", a.getEffect)
 	mux.HandleFunc("POST /v1/effects/resolve", a.resolveEffect)
@@ -288,7 +290,7 @@ func (a *API) startJob(w http.ResponseWriter, r *http.Request) {
 // jobStatuses and effectStates are the values the status and state
 // filters accept.
 var (
-	jobStatuses  = []schemas.JobStatus{schemas.JobPending, schemas.JobRunning, schemas.JobCompleted, schemas.JobFailed, schemas.JobNeedsReconciliation, schemas.JobBlocked, schemas.JobQuarantined}
+	jobStatuses  = []schemas.JobStatus{schemas.JobPending, schemas.JobRunning, schemas.JobCompleted, schemas.JobFailed, schemas.JobCancelled, schemas.JobNeedsReconciliation, schemas.JobBlocked, schemas.JobQuarantined}
 	effectStates = []schemas.EffectState{schemas.EffectPrepared, schemas.EffectDispatched, schemas.EffectConfirmed, schemas.EffectAmbiguous, schemas.EffectReconciled}
 )
 
@@ -337,6 +339,37 @@ func (a *API) getJob(w http.ResponseWriter, r *http.Request) {
 	v, err := a.Client.Job(r.Context(), id)
 	if err != nil {
 		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+// cancelJob cancels a job: the body is client.CancelRequest ({"by",
+// "reason"?}); the answer is the job's record once the engine recorded
+// it, 409 when the job had already ended (its record in the body).
+func (a *API) cancelJob(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := client.ValidateJobID(id); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	data, err := readBody(w, r)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	var req client.CancelRequest
+	if err := decodeStrict(data, &req); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	v, err := a.Client.Cancel(r.Context(), id, req)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if v.Status != schemas.JobCancelled {
+		writeJSON(w, http.StatusConflict, v)
 		return
 	}
 	writeJSON(w, http.StatusOK, v)

@@ -129,12 +129,33 @@ func TestHTTPAPI(t *testing.T) {
 		t.Errorf("answer for job <b>&: %s; want the id as given, unescaped", raw)
 	}
 
+	// Cancel: a completed job is left as it is (409 with its record); a
+	// job whose step no worker can run is cancelled.
+	code, m = do("POST", "/v1/jobs/api-1/cancel", `{"by": "ops"}`)
+	if code != http.StatusConflict || m["status"] != string(schemas.JobCompleted) {
+		t.Errorf("cancel of a completed job: %d %v", code, m)
+	}
+	code, m = do("POST", "/v1/workflows", "name: stuck\nversion: 1\nsteps:\n  - {id: a, kind: nobody-runs-this}\n")
+	if code != http.StatusCreated {
+		t.Fatalf("store workflow: %d %v", code, m)
+	}
+	if code, m = do("POST", "/v1/jobs", `{"workflow": "stuck", "input": {}, "job_id": "api-stuck"}`); code != http.StatusCreated {
+		t.Fatalf("start: %d %v", code, m)
+	}
+	code, m = do("POST", "/v1/jobs/api-stuck/cancel", `{"by": "ops", "reason": "nobody runs it"}`)
+	if e, _ := m["error"].(map[string]any); code != http.StatusOK || m["status"] != string(schemas.JobCancelled) || e["message"] != "cancelled by ops: nobody runs it" {
+		t.Errorf("cancel: %d %v", code, m)
+	}
+
 	for _, tc := range []struct {
 		method, path, body string
 		want               int
 		code               string
 		msg                []string // all must appear in the message
 	}{
+		{"POST", "/v1/jobs/api-1/cancel", `{"reason": "x"}`, 400, "input_invalid", []string{"say who cancels it"}},
+		{"POST", "/v1/jobs/api-1/cancel", `{"by": "x", "why": "y"}`, 400, "input_invalid", []string{"why"}},
+		{"POST", "/v1/jobs/no-such-job/cancel", `{"by": "x"}`, 404, "not_found", nil},
 		{"POST", "/v1/jobs", `{"workflow": "three", "input": {"n": "x"}}`, 400, "input_invalid", nil},
 		{"POST", "/v1/jobs", `{"workflow": "nope", "input": {}}`, 404, "not_found", nil},
 		{"POST", "/v1/jobs", `{"input": {}}`, 400, "input_invalid", nil},
@@ -154,7 +175,7 @@ func TestHTTPAPI(t *testing.T) {
 		{"GET", "/v1/jobs/absent/history", "", 404, "not_found", nil},
 		{"GET", "/v1/jobs?limit=0", "", 400, "input_invalid", nil},
 		{"GET", "/v1/jobs?status=bogus", "", 400, "input_invalid",
-			[]string{`status "bogus"`, "pending, running, completed, failed, needs_reconciliation, blocked, quarantined"}},
+			[]string{`status "bogus"`, "pending, running, completed, failed, cancelled, needs_reconciliation, blocked, quarantined"}},
 		{"GET", "/v1/effects?state=bogus", "", 400, "input_invalid",
 			[]string{`state "bogus"`, "prepared, dispatched, confirmed, ambiguous, reconciled"}},
 		{"POST", "/v1/effects/resolve", `{"key": "j/notify", "by": "a"}`, 400, "input_invalid", []string{"happened is required", "true", "false"}},

@@ -399,7 +399,7 @@ func (c *Client) List(ctx context.Context, f ListFilter) (JobPage, error) {
 	activeStatus := false
 	switch f.Status {
 	case "":
-	case schemas.JobCompleted, schemas.JobFailed:
+	case schemas.JobCompleted, schemas.JobFailed, schemas.JobCancelled:
 		filter.Status = f.Status
 	default:
 		filter.Active, activeStatus = true, true
@@ -895,4 +895,56 @@ func storageFullNote(err error) string {
 		return " because JetStream's storage is full (free space or raise the limit: engine serve --max-store, or the server's max_file_store)"
 	}
 	return ""
+}
+
+// CancelRequest says who cancels a job and why: by is required, both are
+// at most 1,000 characters of text.
+type CancelRequest struct {
+	By     string `json:"by"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// Cancel asks that job id be cancelled and waits (until ctx ends) for the
+// engine to record it: nothing more of it is dispatched, results still to
+// come are dropped, its child jobs in flight are cancelled too. It returns
+// the job's record: cancelled, or the status it ended with first (a job
+// that had completed or failed is not changed). Errors: schemas.ErrNotFound
+// for an unknown job; CodeInputInvalid for a request without by.
+func (c *Client) Cancel(ctx context.Context, id string, r CancelRequest) (*JobView, error) {
+	if err := ValidateJobID(id); err != nil {
+		return nil, err
+	}
+	switch {
+	case strings.TrimSpace(r.By) == "":
+		return nil, schemas.Errorf(schemas.CodeInputInvalid, "cancel job %s: say who cancels it (by)", id)
+	case len(r.By) > 1000 || len(r.Reason) > 1000:
+		return nil, schemas.Errorf(schemas.CodeInputInvalid, "cancel job %s: by and reason are at most 1,000 characters", id)
+	}
+	ent, err := c.store.Checkpoints.Get(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("cancel job %s: %w", id, err)
+	}
+	if !ent.Checkpoint.Status.Terminal() {
+		if err := c.store.SignalCancel(ctx, id, r.By, r.Reason); err != nil {
+			return nil, fmt.Errorf("cancel job %s: %w", id, err)
+		}
+		// Until it ends: a job waiting for a person is stopped, not ended.
+		var final *schemas.Checkpoint
+		err := c.store.Checkpoints.Watch(ctx, id, func(e kv.Entry, err error) bool {
+			if err == nil && e.Checkpoint.Status.Terminal() {
+				final = e.Checkpoint
+				return false
+			}
+			return true
+		})
+		if final == nil {
+			if err == nil {
+				err = ctx.Err()
+			}
+			return nil, fmt.Errorf("cancel job %s: wait for the engine: %w", id, err)
+		}
+		ent.Checkpoint = final
+	}
+	def, _ := c.store.Definitions.Get(ctx, ent.Checkpoint.DefinitionHash)
+	return c.view(ctx, ent.Checkpoint, def), nil
 }

@@ -242,10 +242,10 @@ of the next one (--after); it reads the job index, not every checkpoint.`,
 				return &ExitError{Code: 2, Err: err}
 			}
 			switch schemas.JobStatus(status) {
-			case "", schemas.JobPending, schemas.JobRunning, schemas.JobCompleted, schemas.JobFailed, schemas.JobNeedsReconciliation,
+			case "", schemas.JobPending, schemas.JobRunning, schemas.JobCompleted, schemas.JobFailed, schemas.JobCancelled, schemas.JobNeedsReconciliation,
 				schemas.JobBlocked, schemas.JobQuarantined:
 			default:
-				return &ExitError{Code: 2, Err: fmt.Errorf("--status %q: want pending, running, completed, failed, needs_reconciliation, blocked or quarantined", status)}
+				return &ExitError{Code: 2, Err: fmt.Errorf("--status %q: want pending, running, completed, failed, cancelled, needs_reconciliation, blocked or quarantined", status)}
 			}
 			if limit < 1 || limit > 10000 {
 				return &ExitError{Code: 2, Err: fmt.Errorf("--limit %d: want 1..10000", limit)}

@@ -443,12 +443,12 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 		}
 	}
 	switch view.Status {
-	case schemas.JobFailed:
+	case schemas.JobFailed, schemas.JobCancelled:
 		reason := "no reason recorded"
 		if view.Error != nil {
 			reason = view.Error.Error()
 		}
-		return &ExitError{Code: 1, Err: fmt.Errorf("job %s failed: %s", view.ID, reason)}
+		return &ExitError{Code: 1, Err: fmt.Errorf("job %s %s: %s", view.ID, view.Status, reason)}
 	case schemas.JobNeedsReconciliation:
 		key := ""
 		if view.Blocked != nil {
@@ -555,6 +555,8 @@ func printEvent(w io.Writer, h schemas.HistoryEvent) {
 			step += "[" + d.EffectKey[i+len(d.Step)+2:] + "]" // a map item, by name
 		}
 		fmt.Fprintf(w, "  %-20s attempt %-3d effect %s%s\n", step, d.Attempt, strings.TrimPrefix(h.Type, "dev.waymark.effect."), ext)
+	case schemas.EventJobCancelled:
+		fmt.Fprintf(w, "  job cancelled: %s\n", oneLine(d.Reason, 300))
 	case schemas.EventJobFailed:
 		msg := ""
 		if d.Error != nil {

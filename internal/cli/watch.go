@@ -94,8 +94,8 @@ waiting for a person (needs_reconciliation, blocked, quarantined), 130 when
 				}
 				w.note("job %s %s (resume_count %d)", v.ID, v.Status, v.ResumeCount)
 				switch {
-				case v.Status == schemas.JobFailed:
-					return &ExitError{Code: 1, Err: fmt.Errorf("job %s failed: %v", v.ID, v.Error)}
+				case v.Status == schemas.JobFailed || v.Status == schemas.JobCancelled:
+					return &ExitError{Code: 1, Err: fmt.Errorf("job %s %s: %v", v.ID, v.Status, v.Error)}
 				case !v.Status.Terminal():
 					return &ExitError{Code: 3, Err: fmt.Errorf("job %s is %s: it waits for a person", v.ID, v.Status)}
 				}
@@ -246,7 +246,7 @@ assistant; blocks text, tool_use, tool_result).`,
 						}
 					}
 				}
-				if cp.Status == schemas.JobFailed && cp.Error != nil {
+				if (cp.Status == schemas.JobFailed || cp.Status == schemas.JobCancelled) && cp.Error != nil {
 					fmt.Fprintf(g.stdout, "stopped:  %s\n", oneLine(cp.Error.Error(), 500))
 				}
 				return nil
@@ -254,5 +254,59 @@ assistant; blocks text, tool_use, tool_result).`,
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	return cmd
+}
+
+func newCancelCmd(g *globals) *cobra.Command {
+	var output, by, reason string
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "cancel JOB [--reason TEXT] [--by WHO]",
+		Short: "Cancel a job: nothing more is dispatched, its child jobs are cancelled too",
+		Long: `Cancel records that WHO cancelled JOB and why, and waits for the engine to do
+it: the job ends cancelled (a terminal status, like completed and failed);
+nothing more of it is dispatched; results of steps in flight are dropped when
+they come (an effect in flight is in the ledger as whatever it became: the
+job.cancelled event lists what was in flight, and engine effects list --job
+shows their records); child jobs in flight are cancelled too. A job that
+had already completed or failed is left as it is (exit 1). Exit 0 once
+cancelled.`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			if by == "" {
+				by = whoami()
+			}
+			return g.withClient(cmd.Context(), func(c *client.Client, st *kv.Store) error {
+				ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+				defer cancel()
+				v, err := c.Cancel(ctx, args[0], client.CancelRequest{By: by, Reason: reason})
+				if err != nil {
+					code := 1
+					if schemas.AsError(err).Code == schemas.CodeInputInvalid {
+						code = 2
+					}
+					return &ExitError{Code: code, Err: err}
+				}
+				if output == "json" {
+					if err := printJSON(g.stdout, v); err != nil {
+						return err
+					}
+				} else if v.Status == schemas.JobCancelled {
+					fmt.Fprintf(g.stdout, "job %s cancelled: %s\n", v.ID, v.Error.Message)
+				}
+				if v.Status != schemas.JobCancelled {
+					return &ExitError{Code: 1, Err: fmt.Errorf("job %s had already ended %s: left as it is", v.ID, v.Status)}
+				}
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	cmd.Flags().StringVar(&by, "by", "", "who cancels (default: the current user)")
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the record")
+	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for an engine to record it")
 	return cmd
 }

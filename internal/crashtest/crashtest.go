@@ -632,7 +632,7 @@ func (p *Point) Problems() []string {
 				out = append(out, fmt.Sprintf("the job completed with %d effect records %s", n, st))
 			}
 		}
-	case schemas.JobFailed, schemas.JobNeedsReconciliation, schemas.JobBlocked, schemas.JobQuarantined:
+	case schemas.JobFailed, schemas.JobCancelled, schemas.JobNeedsReconciliation, schemas.JobBlocked, schemas.JobQuarantined:
 		if p.Reason == "" {
 			out = append(out, fmt.Sprintf("the job stopped %s without a recorded reason", p.FinalStatus))
 		}

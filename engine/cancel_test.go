@@ -1,0 +1,116 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/waymark-dev/waymark/engine/client"
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// TestCancelStopsAJob: a running job cancelled while a step is in flight
+// ends cancelled, with who and why and what was in flight; the step's late
+// result is dropped and nothing more is dispatched; cancelling it again,
+// or cancelling a completed job, changes nothing.
+func TestCancelStopsAJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	def := b.define(parallelThree)
+	id := b.start(def, `{}`, "cancel-1")
+	var hs []held
+	for range 3 {
+		hs = append(hs, next(t, ch))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	v, err := b.client.Cancel(ctx, id, client.CancelRequest{By: "ops@example.com", Reason: "wrong customer"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Status != schemas.JobCancelled || v.Error == nil || v.Error.Code != schemas.CodeCancelled || v.Error.Message != "cancelled by ops@example.com: wrong customer" {
+		t.Fatalf("status %s error %+v", v.Status, v.Error)
+	}
+	for _, h := range hs {
+		h.reply(json.RawMessage(`{}`), nil) // late: dropped
+	}
+	select {
+	case h := <-ch:
+		t.Fatalf("step %s dispatched after the cancel", h.sm.Step)
+	case <-time.After(300 * time.Millisecond):
+	}
+	evs, err := b.client.History(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cancelled *schemas.HistoryEvent
+	for i := range evs {
+		if evs[i].Type == schemas.EventJobCancelled {
+			cancelled = &evs[i]
+		}
+		if evs[i].Type == schemas.EventStepCompleted {
+			t.Errorf("a result was applied after the cancel: %+v", evs[i].Data)
+		}
+	}
+	if cancelled == nil || cancelled.Data.By != "ops@example.com" || !strings.Contains(cancelled.Data.Reason, "in flight: a, b, c") {
+		t.Fatalf("job.cancelled event %+v", cancelled)
+	}
+	again, err := b.client.Cancel(ctx, id, client.CancelRequest{By: "someone else"})
+	if err != nil || again.Status != schemas.JobCancelled || again.Error.Message != v.Error.Message {
+		t.Fatalf("cancelled again: %+v %v", again, err)
+	}
+	if _, err := b.client.Cancel(ctx, id, client.CancelRequest{}); err == nil || !strings.Contains(err.Error(), "say who cancels it") {
+		t.Fatalf("cancel without by: %v", err)
+	}
+	if _, err := b.client.Cancel(ctx, "no-such-job", client.CancelRequest{By: "x"}); err == nil {
+		t.Fatal("cancel of an unknown job did not fail")
+	}
+
+	doneID := b.start(b.define(agentLessChain), `{}`, "cancel-done")
+	for range 2 {
+		b.nextOf(doneID, ch).reply(json.RawMessage(`{}`), nil)
+	}
+	done := b.wait(doneID)
+	if done.Status != schemas.JobCompleted {
+		t.Fatalf("status %s", done.Status)
+	}
+	after, err := b.client.Cancel(ctx, "cancel-done", client.CancelRequest{By: "ops"})
+	if err != nil || after.Status != schemas.JobCompleted {
+		t.Fatalf("cancel of a completed job: %+v %v", after, err)
+	}
+}
+
+const agentLessChain = `
+name: chain2
+version: 1
+steps:
+  - {id: one, kind: noop, next: [{to: two}]}
+  - {id: two, kind: noop}
+`
+
+// TestCancelCancelsChildren: cancelling a parent whose workflow step's
+// child job runs cancels the child too.
+func TestCancelCancelsChildren(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	b.storeDef(kidWorkflow)
+	id := b.start(b.define(parentWorkflow), `{"req": {"n": 1}}`, "cancel-parent")
+	h := next(t, ch) // the child's first step
+	child := schemas.ChildJobID(id, "call", 1)
+	if h.sm.Job != child {
+		t.Fatalf("first step message of job %s, want the child %s", h.sm.Job, child)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := b.client.Cancel(ctx, id, client.CancelRequest{By: "ops"}); err != nil {
+		t.Fatal(err)
+	}
+	cv := b.wait(child)
+	if cv.Status != schemas.JobCancelled || cv.Error == nil || !strings.Contains(cv.Error.Message, "parent job "+id) {
+		t.Fatalf("child: status %s error %+v", cv.Status, cv.Error)
+	}
+}
