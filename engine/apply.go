@@ -510,6 +510,9 @@ func cancelJob(cp *schemas.Checkpoint, sig *schemas.Signal, now time.Time) event
 		}
 		inFlight = append(inFlight, what)
 	}
+	if b := cp.Blocked; b != nil && !slices.ContainsFunc(cp.Dispatches(), func(d *schemas.Dispatch) bool { return d.EffectKey == b.EffectKey }) {
+		inFlight = append(inFlight, b.Step+" (effect "+b.EffectKey+", its outcome unknown)")
+	}
 	by := sig.By
 	if by == "" {
 		by = "someone"

@@ -114,3 +114,37 @@ func TestCancelCancelsChildren(t *testing.T) {
 		t.Fatalf("child: status %s error %+v", cv.Status, cv.Error)
 	}
 }
+
+// TestCancelAJobWaitingForAPerson: a job stopped in needs_reconciliation
+// (an unsafe step's outcome unknown) can be cancelled; the effect's key is
+// named as in flight.
+func TestCancelAJobWaitingForAPerson(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	def := b.define("name: unsafe1\nversion: 1\nsteps:\n  - {id: send, kind: noop, effect: unsafe, retry: {max_attempts: 1}}\n")
+	id := b.start(def, `{}`, "cancel-blocked")
+	h := next(t, ch)
+	h.send(&schemas.StepResult{Job: id, Step: "send", Attempt: h.sm.Attempt, EffectKey: h.sm.EffectKey,
+		EffectState: schemas.EffectDispatched, Error: &schemas.Error{Code: schemas.CodeTimeout, Message: "no answer"}})
+	if v := b.wait(id); v.Status != schemas.JobNeedsReconciliation {
+		t.Fatalf("status %s, want needs_reconciliation", v.Status)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	v, err := b.client.Cancel(ctx, id, client.CancelRequest{By: "ops", Reason: "customer gone"})
+	if err != nil || v.Status != schemas.JobCancelled || v.Blocked != nil {
+		t.Fatalf("cancel: %+v %v", v, err)
+	}
+	evs, err := b.client.History(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, e := range evs {
+		found = found || (e.Type == schemas.EventJobCancelled && strings.Contains(e.Data.Reason, "send (effect "+h.sm.EffectKey+", its outcome unknown)"))
+	}
+	if !found {
+		t.Errorf("no job.cancelled event names the effect waiting for a person: %+v", evs)
+	}
+}
