@@ -499,7 +499,10 @@ func cancelJob(cp *schemas.Checkpoint, sig *schemas.Signal, now time.Time) event
 	var inFlight []string
 	for _, d := range cp.Dispatches() {
 		what := d.Step
-		if d.Item > 0 {
+		if a := agentOf(cp); d.Item > 0 && a != nil && a.CallByItem(d.Item) != nil {
+			call := a.CallByItem(d.Item)
+			what += "." + call.Name + " call " + call.ID
+		} else if d.Item > 0 {
 			what += fmt.Sprintf("#%d", d.Item)
 		}
 		switch {
@@ -517,7 +520,7 @@ func cancelJob(cp *schemas.Checkpoint, sig *schemas.Signal, now time.Time) event
 	if by == "" {
 		by = "someone"
 	}
-	msg := "cancelled by " + by
+	msg := "by " + by
 	if sig.Reason != "" {
 		msg += ": " + sig.Reason
 	}
@@ -532,6 +535,14 @@ func cancelJob(cp *schemas.Checkpoint, sig *schemas.Signal, now time.Time) event
 	t := now
 	cp.CompletedAt = &t
 	return event{typ: schemas.EventJobCancelled, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status), By: by, Reason: reason, Error: cp.Error}}
+}
+
+// agentOf returns cp's running agent loop, or nil.
+func agentOf(cp *schemas.Checkpoint) *schemas.AgentRun {
+	if cp.Fan == nil {
+		return nil
+	}
+	return cp.Fan.Agent
 }
 
 func failJob(cp *schemas.Checkpoint, e *schemas.Error, now time.Time) event {

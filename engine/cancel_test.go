@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/waymark-dev/waymark/engine/client"
+	"github.com/waymark-dev/waymark/internal/testsupport"
 	"github.com/waymark-dev/waymark/schemas"
 )
 
@@ -31,7 +32,7 @@ func TestCancelStopsAJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v.Status != schemas.JobCancelled || v.Error == nil || v.Error.Code != schemas.CodeCancelled || v.Error.Message != "cancelled by ops@example.com: wrong customer" {
+	if v.Status != schemas.JobCancelled || v.Error == nil || v.Error.Code != schemas.CodeCancelled || v.Error.Message != "by ops@example.com: wrong customer" {
 		t.Fatalf("status %s error %+v", v.Status, v.Error)
 	}
 	for _, h := range hs {
@@ -146,5 +147,33 @@ func TestCancelAJobWaitingForAPerson(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("no job.cancelled event names the effect waiting for a person: %+v", evs)
+	}
+}
+
+// TestCancelRemovesQueuedSteps: a cancelled job's step message that no
+// worker has taken yet is removed from the work stream, so none starts
+// it later.
+func TestCancelRemovesQueuedSteps(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	def := b.define("name: idle\nversion: 1\nsteps:\n  - {id: wait, kind: noop, pool: nobody}\n")
+	id := b.start(def, `{}`, "cancel-queued")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		_, queued, err := b.store.Queues.StepQueued(ctx, "nobody", id)
+		return err == nil && queued
+	}, "the step message was never queued")
+	if v, err := b.client.Cancel(ctx, id, client.CancelRequest{By: "ops"}); err != nil || v.Status != schemas.JobCancelled {
+		t.Fatalf("cancel: %+v %v", v, err)
+	}
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		_, queued, err := b.store.Queues.StepQueued(ctx, "nobody", id)
+		return err == nil && !queued
+	}, "the cancelled job's step message is still queued")
+	for _, bad := range []client.CancelRequest{{By: "evil\x1b[31m"}, {By: "x", Reason: "a\nb"}, {By: "bad \xff byte"}} {
+		if _, err := b.client.Cancel(ctx, id, bad); err == nil || schemas.AsError(err).Code != schemas.CodeInputInvalid {
+			t.Errorf("cancel with %q / %q: %v, want input_invalid", bad.By, bad.Reason, err)
+		}
 	}
 }

@@ -56,6 +56,18 @@ func (e *Engine) decide(ctx context.Context, p *plan) (redo bool) {
 	// past the ack wait; a redelivered step message, the same of a worker.
 	// Either makes this transition a recovery: one resume per plan.
 	recovered, workerRecovered := "", false
+	// A cancel in the batch is applied first: what came with it (a start,
+	// results) then finds the job ended and dispatches nothing.
+	slices.SortStableFunc(p.items, func(a, b *inboxItem) int {
+		ca, cb := a.signal != nil && a.signal.Type == schemas.SignalCancel, b.signal != nil && b.signal.Type == schemas.SignalCancel
+		switch {
+		case ca && !cb:
+			return -1
+		case cb && !ca:
+			return 1
+		}
+		return 0
+	})
 items:
 	for _, it := range p.items {
 		if it.done {

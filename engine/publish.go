@@ -213,15 +213,7 @@ func (e *Engine) afterWrite(ctx context.Context, ps []*plan) {
 					}
 				}
 				if cp.Status == schemas.JobCancelled && p.base != nil {
-					// Its child jobs in flight are cancelled with it.
-					for _, d := range p.base.cp.Dispatches() {
-						if d.Child == "" {
-							continue
-						}
-						if err := e.store.SignalCancel(ctx, d.Child, "parent job "+cp.JobID, "its parent was cancelled"); err != nil {
-							e.log.Warn("could not cancel a cancelled job's child", "job", cp.JobID, "child", d.Child, "err", err)
-						}
-					}
+					e.afterCancel(ctx, p.base.cp, cp)
 				}
 			}
 			for _, key := range p.markAmbiguous {
@@ -389,4 +381,33 @@ func (e *Engine) stepMessage(cp *schemas.Checkpoint, d *schemas.Dispatch) (*nats
 	m.Data = data
 	m.Header.Set(jetstream.MsgIDHeader, d.MsgID)
 	return m, nil
+}
+
+// afterCancel finishes the cancel of base, now written as cp: the step
+// messages of its dispatches still queued (not yet taken, or held for a
+// retry delay) are removed from the work stream, so that no worker starts
+// them, and its child jobs in flight are cancelled, by the parent, for the
+// parent's reason. Best effort: a message already taken runs and its
+// result is dropped; a child left running is cancelled again by nobody, so
+// a failure is logged.
+func (e *Engine) afterCancel(ctx context.Context, base, cp *schemas.Checkpoint) {
+	pools := map[string]bool{}
+	for _, d := range base.Dispatches() {
+		if d.Child != "" {
+			reason := "its parent was cancelled"
+			if cp.Error != nil {
+				reason += " (" + cp.Error.Message + ")"
+			}
+			if err := e.store.SignalCancel(ctx, d.Child, "parent job "+cp.JobID, reason); err != nil {
+				e.log.Warn("could not cancel a cancelled job's child", "job", cp.JobID, "child", d.Child, "err", err)
+			}
+			continue
+		}
+		pools[d.Pool] = true
+	}
+	for pool := range pools {
+		if err := e.store.Queues.RemoveJobSteps(ctx, pool, cp.JobID); err != nil {
+			e.log.Warn("could not remove a cancelled job's queued step messages; their results will be dropped", "job", cp.JobID, "pool", pool, "err", err)
+		}
+	}
 }

@@ -142,6 +142,21 @@ func (q *Queues) InboxPending(ctx context.Context, job string) (bool, error) {
 	return m != nil, err
 }
 
+// RemoveJobSteps deletes job's step messages in pool from the work stream
+// (its subject there): those not yet taken and those held for a retry
+// delay. A message a worker holds is gone for it too: its
+// acknowledgement finds nothing. For a job that ended (cancelled).
+func (q *Queues) RemoveJobSteps(ctx context.Context, pool, job string) error {
+	st, err := q.stream(ctx, q.names.WorkStream)
+	if err != nil {
+		return fmt.Errorf("remove step messages of %s: %w", job, err)
+	}
+	if err := st.Purge(ctx, jetstream.WithPurgeSubject(q.names.WorkSubject(pool, job))); err != nil {
+		return fmt.Errorf("remove step messages of %s: %w", job, err)
+	}
+	return nil
+}
+
 // RemoveStep deletes the step message at seq from the work stream (a
 // dead letter); one already gone is not an error.
 func (q *Queues) RemoveStep(ctx context.Context, seq uint64) error {

@@ -38,7 +38,7 @@ func TestCancelCommand(t *testing.T) {
 		return p, 0
 	}
 	p, code := run("cancel", "to-cancel", "--by", "ops", "--reason", "not needed")
-	if code != 0 || !strings.Contains(p.out.String(), "job to-cancel cancelled: cancelled by ops: not needed") {
+	if code != 0 || !strings.Contains(p.out.String(), "job to-cancel cancelled by ops: not needed") {
 		t.Fatalf("cancel: exit %d\n%s%s", code, p.out.String(), p.errOut.String())
 	}
 	// The index entry of an ended job follows its last checkpoint.

@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/schemas"
@@ -27,7 +29,7 @@ const MaxRequestBytes = 8 << 20
 //	GET  /v1/jobs?status=&workflow=&limit=&after=  → {"jobs": [...], "cursor"?} newest first; after= the cursor of the previous page
 //	GET  /v1/jobs/{id}              → the job record
 //	GET  /v1/jobs/{id}/history      → {"events": [...]}
-//	POST /v1/jobs/{id}/cancel       {"by", "reason"?} → the cancelled job's record; 409 and its record when it had ended
+//	POST /v1/jobs/{id}/cancel       {"by", "reason"?} → the cancelled job's record; 409 and its record when it had ended; 202 when no engine recorded it within 30 s
 //	GET  /v1/effects?job=&state=    → {"effects": [...]} (state: prepared, dispatched, confirmed, ambiguous, reconciled)
 //	GET  /v1/effects/{key}          → one effect record (the key may contain '/')
 //	POST /v1/effects/resolve        {"key", "happened", "external_id"?, "result"?, "by", "note"?} → the reconciled record
@@ -358,12 +360,23 @@ func (a *API) cancelJob(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
+	if err := schemas.CheckJSONText(data); err != nil {
+		a.fail(w, r, fmt.Errorf("request body: %w", err))
+		return
+	}
 	var req client.CancelRequest
 	if err := decodeStrict(data, &req); err != nil {
 		a.fail(w, r, err)
 		return
 	}
-	v, err := a.Client.Cancel(r.Context(), id, req)
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	v, err := a.Client.Cancel(ctx, id, req)
+	if errors.Is(err, client.ErrCancelPending) && r.Context().Err() == nil {
+		// No engine recorded it in time: it waits in the job's inbox.
+		writeJSON(w, http.StatusAccepted, map[string]string{"job_id": id, "message": "no engine recorded the cancel within 30s: it waits in the job's inbox, and the next engine to run applies it"})
+		return
+	}
 	if err != nil {
 		a.fail(w, r, err)
 		return

@@ -143,7 +143,7 @@ func TestHTTPAPI(t *testing.T) {
 		t.Fatalf("start: %d %v", code, m)
 	}
 	code, m = do("POST", "/v1/jobs/api-stuck/cancel", `{"by": "ops", "reason": "nobody runs it"}`)
-	if e, _ := m["error"].(map[string]any); code != http.StatusOK || m["status"] != string(schemas.JobCancelled) || e["message"] != "cancelled by ops: nobody runs it" {
+	if e, _ := m["error"].(map[string]any); code != http.StatusOK || m["status"] != string(schemas.JobCancelled) || e["message"] != "by ops: nobody runs it" {
 		t.Errorf("cancel: %d %v", code, m)
 	}
 

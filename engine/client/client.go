@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/nats-io/nats.go"
@@ -897,8 +898,12 @@ func storageFullNote(err error) string {
 	return ""
 }
 
+// ErrCancelPending: a cancel was sent and no engine recorded it before the
+// context ended; it waits in the job's inbox, for the next engine.
+var ErrCancelPending = errors.New("the cancel waits in the job's inbox")
+
 // CancelRequest says who cancels a job and why: by is required, both are
-// at most 1,000 characters of text.
+// at most 1,000 characters of text, without control characters.
 type CancelRequest struct {
 	By     string `json:"by"`
 	Reason string `json:"reason,omitempty"`
@@ -919,6 +924,14 @@ func (c *Client) Cancel(ctx context.Context, id string, r CancelRequest) (*JobVi
 		return nil, schemas.Errorf(schemas.CodeInputInvalid, "cancel job %s: say who cancels it (by)", id)
 	case len(r.By) > 1000 || len(r.Reason) > 1000:
 		return nil, schemas.Errorf(schemas.CodeInputInvalid, "cancel job %s: by and reason are at most 1,000 characters", id)
+	}
+	if err := schemas.CheckStringsText("", map[string]string{"by": r.By, "reason": r.Reason}); err != nil {
+		return nil, err
+	}
+	for name, v := range map[string]string{"by": r.By, "reason": r.Reason} {
+		if i := strings.IndexFunc(v, unicode.IsControl); i >= 0 {
+			return nil, schemas.Errorf(schemas.CodeInputInvalid, "cancel job %s: %s holds a control character at byte %d: write it as plain text on one line", id, name, i)
+		}
 	}
 	ent, err := c.store.Checkpoints.Get(ctx, id)
 	if err != nil {
@@ -941,7 +954,7 @@ func (c *Client) Cancel(ctx context.Context, id string, r CancelRequest) (*JobVi
 			if err == nil {
 				err = ctx.Err()
 			}
-			return nil, fmt.Errorf("cancel job %s: wait for the engine: %w", id, err)
+			return nil, fmt.Errorf("cancel job %s: wait for the engine: %w: %w", id, ErrCancelPending, err)
 		}
 		ent.Checkpoint = final
 	}

@@ -270,7 +270,8 @@ they come (an effect in flight is in the ledger as whatever it became: the
 job.cancelled event lists what was in flight, and engine effects list --job
 shows their records); child jobs in flight are cancelled too. A job that
 had already completed or failed is left as it is (exit 1). Exit 0 once
-cancelled.`,
+cancelled; 130 when --timeout passes first (the cancel then waits in the
+job's inbox and the next engine to run applies it).`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkOutput(output); err != nil {
@@ -279,10 +280,16 @@ cancelled.`,
 			if by == "" {
 				by = whoami()
 			}
+			if timeout <= 0 {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--timeout %v: want a positive duration", timeout)}
+			}
 			return g.withClient(cmd.Context(), func(c *client.Client, st *kv.Store) error {
 				ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 				defer cancel()
 				v, err := c.Cancel(ctx, args[0], client.CancelRequest{By: by, Reason: reason})
+				if err != nil && errors.Is(err, context.DeadlineExceeded) && errors.Is(err, client.ErrCancelPending) {
+					return &ExitError{Code: 130, Err: fmt.Errorf("--timeout %v passed before an engine recorded the cancel of %s: it waits in the job's inbox, and the next engine to run applies it", timeout, args[0])}
+				}
 				if err != nil {
 					code := 1
 					if schemas.AsError(err).Code == schemas.CodeInputInvalid {
@@ -295,10 +302,10 @@ cancelled.`,
 						return err
 					}
 				} else if v.Status == schemas.JobCancelled {
-					fmt.Fprintf(g.stdout, "job %s cancelled: %s\n", v.ID, v.Error.Message)
+					fmt.Fprintf(g.stdout, "job %s cancelled %s\n", v.ID, v.Error.Message)
 				}
 				if v.Status != schemas.JobCancelled {
-					return &ExitError{Code: 1, Err: fmt.Errorf("job %s had already ended %s: left as it is", v.ID, v.Status)}
+					return &ExitError{Code: 1, Err: fmt.Errorf("job %s had already %s: left as it is", v.ID, v.Status)}
 				}
 				return nil
 			})
