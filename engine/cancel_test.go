@@ -126,6 +126,12 @@ func TestCancelAJobWaitingForAPerson(t *testing.T) {
 	def := b.define("name: unsafe1\nversion: 1\nsteps:\n  - {id: send, kind: noop, effect: unsafe, retry: {max_attempts: 1}}\n")
 	id := b.start(def, `{}`, "cancel-blocked")
 	h := next(t, ch)
+	// The ledger's record, as a worker cut off after its call leaves it.
+	at := time.Now().UTC()
+	if _, err := b.store.Effects.Create(context.Background(), &schemas.EffectRecord{Key: h.sm.EffectKey, Job: id, Step: "send", Class: schemas.EffectUnsafe,
+		State: schemas.EffectAmbiguous, Attempt: h.sm.Attempt, PreparedAt: at, UpdatedAt: at}); err != nil {
+		t.Fatal(err)
+	}
 	h.send(&schemas.StepResult{Job: id, Step: "send", Attempt: h.sm.Attempt, EffectKey: h.sm.EffectKey,
 		EffectState: schemas.EffectDispatched, Error: &schemas.Error{Code: schemas.CodeTimeout, Message: "no answer"}})
 	if v := b.wait(id); v.Status != schemas.JobNeedsReconciliation {
@@ -147,6 +153,14 @@ func TestCancelAJobWaitingForAPerson(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("no job.cancelled event names the effect waiting for a person: %+v", evs)
+	}
+	// What became of the effect can still be recorded; nothing resumes.
+	res, err := b.client.ResolveEffect(ctx, h.sm.EffectKey, schemas.EffectResolution{Happened: true, By: "ops", Note: "the mail went out"})
+	if err != nil || res.State != schemas.EffectReconciled || len(res.Resumed) != 0 {
+		t.Fatalf("resolve after the cancel: %+v %v", res, err)
+	}
+	if v, _ := b.client.Job(ctx, id); v.Status != schemas.JobCancelled {
+		t.Fatalf("the resolution moved the cancelled job to %s", v.Status)
 	}
 }
 

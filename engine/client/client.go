@@ -801,9 +801,11 @@ func (c *Client) ResolveEffect(ctx context.Context, key string, r schemas.Effect
 	if err != nil {
 		return nil, err
 	}
-	if len(resumed) == 0 {
+	if len(resumed) == 0 && !c.cancelledJob(ctx, rec.Job) {
 		return nil, fmt.Errorf("resolve effect %s: %s; a decision would move nothing, so none is recorded: %w", key, why, ErrNothingToResume)
 	}
+	// A cancelled job's effect is decided for the record (what happened
+	// to the mail?): nothing resumes.
 	happened := r.Happened
 	rec.State, rec.Happened, rec.ReconciledBy, rec.Note = schemas.EffectReconciled, &happened, r.By, r.Note
 	rec.SettledAt, rec.UpdatedAt = now, now
@@ -832,6 +834,12 @@ func stateAdvice(s schemas.EffectState) string {
 		return "the provider's answer is recorded"
 	}
 	return "nothing to decide"
+}
+
+// cancelledJob reports whether job exists and was cancelled.
+func (c *Client) cancelledJob(ctx context.Context, job string) bool {
+	ent, err := c.store.Checkpoints.Get(ctx, job)
+	return err == nil && ent.Checkpoint.Status == schemas.JobCancelled
 }
 
 // waiting lists the jobs using rec (its creator and the jobs sharing it)
