@@ -306,7 +306,7 @@ func TestAgentCrashAtTurn17(t *testing.T) {
 				Out schemas.AgentOutput `json:"out"`
 			}
 			_ = json.Unmarshal(v.State, &st)
-			if v.Status != schemas.JobCompleted || st.Out.Turns != 20 || st.Out.ToolCalls != 19 || v.ResumeCount != 1 {
+			if v.Status != schemas.JobCompleted || st.Out.Turns != 20 || st.Out.ToolCalls != 19 || v.ResumeCount < 1 { // a takeover and a redelivery may count apart
 				t.Fatalf("status %s resume_count %d output %+v", v.Status, v.ResumeCount, st.Out)
 			}
 			mu.Lock()
