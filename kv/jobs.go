@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/waymark-dev/waymark/schemas"
@@ -283,27 +284,58 @@ func (j *Jobs) Ended(ctx context.Context, fn func(IndexEntry) bool) error {
 	return j.watch(ctx, []string{indexEnded + ".>"}, fn)
 }
 
+// watch calls fn with the index entries under keys (KV key filters), the
+// latest of each key, deleted and purged ones left out, until fn returns
+// false or none is left. It reads the bucket's stream through an ordered
+// consumer (last per subject) rather than a KV watcher: a watcher waits
+// for every message it counted at its start, and an entry purged before it
+// arrives (the active entry of a job that just finished) left it waiting
+// for ever; here an empty fetch ends the read.
 func (j *Jobs) watch(ctx context.Context, keys []string, fn func(IndexEntry) bool) error {
-	w, err := j.kv.WatchFiltered(ctx, keys, jetstream.IgnoreDeletes())
+	subjects := make([]string, len(keys))
+	for i, k := range keys {
+		subjects[i] = "$KV." + j.names.JobsBucket + "." + k
+	}
+	cons, err := j.js.OrderedConsumer(ctx, "KV_"+j.names.JobsBucket, jetstream.OrderedConsumerConfig{
+		FilterSubjects: subjects, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+	})
 	if err != nil {
 		return fmt.Errorf("read job index %v: %w", keys, err)
 	}
-	defer w.Stop()
+	if info := cons.CachedInfo(); info != nil && info.NumPending == 0 {
+		return nil
+	}
+	prefix := "$KV." + j.names.JobsBucket + "."
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("read job index %v: %w", keys, err)
+	}
+	defer it.Stop()
 	for {
-		select {
-		case <-ctx.Done():
+		nctx, cancel := context.WithTimeout(ctx, time.Second)
+		m, err := it.Next(jetstream.NextContext(nctx))
+		cancel()
+		switch {
+		case ctx.Err() != nil:
 			return fmt.Errorf("read job index %v: %w", keys, ctx.Err())
-		case ent, ok := <-w.Updates():
-			if !ok || ent == nil {
+		case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrMsgIteratorClosed):
+			return nil // what was counted is gone (purged meanwhile)
+		case err != nil:
+			return fmt.Errorf("read job index %v: %w", keys, err)
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			continue
+		}
+		switch m.Headers().Get("KV-Operation") {
+		case "DEL", "PURGE":
+		default:
+			if e, err := decodeEntry(strings.TrimPrefix(m.Subject(), prefix), md.Sequence.Stream, m.Data()); err == nil && !fn(e) {
 				return nil
 			}
-			e, err := decodeEntry(ent.Key(), ent.Revision(), ent.Value())
-			if err != nil {
-				continue
-			}
-			if !fn(e) {
-				return nil
-			}
+		}
+		if md.NumPending == 0 {
+			return nil
 		}
 	}
 }
