@@ -527,7 +527,7 @@ func stopAgent(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, stop, why s
 		why = "; " + why
 	}
 	e := schemas.Errorf(schemas.CodeLimitReached, "the agent stopped after %s and %s (%d tokens, cost %.4f): %s reached%s",
-		schemas.Plural(a.Turn, "turn"), schemas.Plural(a.ToolCalls, "tool call"), u.Total(), a.Cost, stop, why).At(cp.JobID, s.ID, stepRecord(c, cp, s.ID).Attempts)
+		countOf(a.Turn, "turn"), countOf(a.ToolCalls, "tool call"), u.Total(), a.Cost, stop, why).At(cp.JobID, s.ID, stepRecord(c, cp, s.ID).Attempts)
 	keepTranscript(c, cp)
 	return failFanStep(c, cp, s, e, now)
 }
@@ -657,4 +657,12 @@ func childPart(id string, item int) string {
 		return id
 	}
 	return "call-" + strconv.Itoa(item)
+}
+
+// countOf returns "1 turn", "2 turns".
+func countOf(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return strconv.Itoa(n) + " " + what + "s"
 }

@@ -888,13 +888,13 @@ func (e *Engine) compiledFor(hash string) (*compiled, error) {
 	return e.compiled.get(def)
 }
 
-// dropChunks deletes the values of a fan that base referred to and next,
+// dropFanValues deletes the values of a fan that base referred to and next,
 // now written, does not: chunks of map outputs (the map finished, its
 // outputs are in the state, or failed), an agent's transcript parts that
 // were merged into one, and long tool results of a finished turn. Best
 // effort: a value left by a crash here stays in the value store (it is
 // small, and named after the job).
-func (e *Engine) dropChunks(ctx context.Context, base, next *schemas.Checkpoint) {
+func (e *Engine) dropFanValues(ctx context.Context, base, next *schemas.Checkpoint) {
 	if base.Fan == nil || e.store.Values == nil {
 		return
 	}

@@ -481,7 +481,7 @@ func (e *Engine) write(ctx context.Context, ps []*plan) (conflicts []*plan) {
 				e.cfg.OnWrite(f.p.next)
 			}
 			if f.p.base != nil {
-				e.dropChunks(wctx, f.p.base.cp, f.p.next)
+				e.dropFanValues(wctx, f.p.base.cp, f.p.next)
 			}
 		}
 	}

@@ -167,17 +167,6 @@ type TranscriptPart struct {
 // Ref returns the part's value reference.
 func (p TranscriptPart) Ref() ValueRef { return ValueRef{Digest: p.Digest, Bytes: p.Bytes} }
 
-// plural returns "1 turn", "2 turns".
-func plural(n int, what string) string {
-	if n == 1 {
-		return "1 " + what
-	}
-	return itoa(n) + " " + what + "s"
-}
-
-// Plural is plural, for the engine's messages.
-func Plural(n int, what string) string { return plural(n, what) }
-
 // AgentRun is an agent step in flight, in its fan (Fan.Agent): what the
 // loop has done, durably, so that a crash resumes at the next unfinished
 // turn or tool call.

@@ -385,19 +385,10 @@ func printBenchParallel(w io.Writer, r *bench.Result, where string) {
 	c := r.Config
 	fmt.Fprintf(w, "shape parallel: %d jobs x (one parallel step of %d noop branches, then one noop step) = %d steps per job, %d jobs in flight, %d-byte state, sync %s, %s queues, %s, %d round(s)\n\n",
 		c.Jobs, c.Branches, c.Branches+1, c.Concurrency, c.Payload, c.Sync, c.Queues, where, c.Rounds)
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "\twaymark\t")
-	row := func(name string, v float64, format string) { fmt.Fprintf(tw, "%s\t"+format+"\t\n", name, v) }
-	row("steps counted", float64(r.StepsCounted), "%.0f")
-	row("steps/s", r.StepsPerS, "%.0f")
-	row("job p50 ms", r.JobP50Ms, "%.1f")
-	row("job p99 ms", r.JobP99Ms, "%.1f")
-	row("CPU us/step", r.CPUUsPerStep, "%.0f")
-	row("JetStream ops/step", r.JSOpsPerStep, "%.1f")
-	row("stored msgs/step", r.JSWritesPerStep, "%.1f")
-	row("bytes written/step", r.BytesWrittenPerStep, "%.0f")
-	row("peak RSS MiB", float64(r.EnginePeakRSS)/(1<<20), "%.1f")
-	_ = tw.Flush()
+	printShapeTable(w, r, "step", func(row func(string, float64, string)) {
+		row("steps counted", float64(r.StepsCounted), "%.0f")
+		row("steps/s", r.StepsPerS, "%.0f")
+	})
 	fmt.Fprintf(w, "\njobs completed: %d of %d; largest final checkpoint: %d bytes; largest written at any time: %d bytes; peak Go heap %.1f MiB; CPU and memory are of the whole process (server, engine, worker)\n",
 		r.JobsCompleted, c.Jobs, r.CheckpointBytes, r.MaxCheckpointBytes, float64(r.EnginePeakHeap)/(1<<20))
 	if r.WritesPerCommit > 0 {
@@ -405,24 +396,33 @@ func printBenchParallel(w io.Writer, r *bench.Result, where string) {
 	}
 }
 
+// printBenchAgent prints an agent run: turns/s and the cost per dispatch.
 func printBenchAgent(w io.Writer, r *bench.Result, where string) {
 	c := r.Config
 	fmt.Fprintf(w, "shape agent: %d jobs x (one agent step of %d replayed model turns, a pure noop tool call after each but the last) = %d dispatches per job, %d jobs in flight, sync %s, %s queues, %s, %d round(s)\n\n",
 		c.Jobs, c.Turns, 2*c.Turns-1, c.Concurrency, c.Sync, c.Queues, where, c.Rounds)
+	printShapeTable(w, r, "dispatch", func(row func(string, float64, string)) {
+		perTurn := float64(2*c.Turns-1) / float64(c.Turns)
+		row("turns/s", r.StepsPerS/perTurn, "%.0f")
+		row("dispatches/s (turns and tool calls)", r.StepsPerS, "%.0f")
+	})
+	fmt.Fprintf(w, "\njobs completed: %d of %d; largest final checkpoint: %d bytes; largest written at any time: %d bytes; CPU and memory are of the whole process (server, engine, worker)\n",
+		r.JobsCompleted, c.Jobs, r.CheckpointBytes, r.MaxCheckpointBytes)
+}
+
+// printShapeTable prints a one-system table of r: the rows lead writes,
+// then latency, CPU, JetStream and memory figures per unit ("step").
+func printShapeTable(w io.Writer, r *bench.Result, unit string, lead func(row func(name string, v float64, format string))) {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "\twaymark\t")
 	row := func(name string, v float64, format string) { fmt.Fprintf(tw, "%s\t"+format+"\t\n", name, v) }
-	perTurn := float64(2*c.Turns-1) / float64(c.Turns)
-	row("turns/s", r.StepsPerS/perTurn, "%.0f")
-	row("dispatches/s (turns and tool calls)", r.StepsPerS, "%.0f")
+	lead(row)
 	row("job p50 ms", r.JobP50Ms, "%.1f")
 	row("job p99 ms", r.JobP99Ms, "%.1f")
-	row("CPU us/dispatch", r.CPUUsPerStep, "%.0f")
-	row("JetStream ops/dispatch", r.JSOpsPerStep, "%.1f")
-	row("stored msgs/dispatch", r.JSWritesPerStep, "%.1f")
-	row("bytes written/dispatch", r.BytesWrittenPerStep, "%.0f")
+	row("CPU us/"+unit, r.CPUUsPerStep, "%.0f")
+	row("JetStream ops/"+unit, r.JSOpsPerStep, "%.1f")
+	row("stored msgs/"+unit, r.JSWritesPerStep, "%.1f")
+	row("bytes written/"+unit, r.BytesWrittenPerStep, "%.0f")
 	row("peak RSS MiB", float64(r.EnginePeakRSS)/(1<<20), "%.1f")
 	_ = tw.Flush()
-	fmt.Fprintf(w, "\njobs completed: %d of %d; largest final checkpoint: %d bytes; largest written at any time: %d bytes; CPU and memory are of the whole process (server, engine, worker)\n",
-		r.JobsCompleted, c.Jobs, r.CheckpointBytes, r.MaxCheckpointBytes)
 }
