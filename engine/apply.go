@@ -94,6 +94,20 @@ func dispatch(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, not
 	rec := stepRecord(c, cp, step) // entered again: the record Completed stood for comes back
 	idx := c.def.StepIndex(step)
 	s := c.def.Step(step)
+	if cp.Fan == nil && (s.Kind == schemas.KindApproval || (s.RequiresApproval != nil && newRun)) {
+		// A gate opens first: a person approves the run before it starts.
+		if newRun {
+			rec.Runs++
+			rec.RunAttempt = 0
+		}
+		attempt := 0
+		if s.Kind == schemas.KindApproval {
+			rec.Attempts++
+			rec.RunAttempt++
+			attempt = rec.Attempts
+		}
+		return openGate(c, cp, s, rec, attempt, now)
+	}
 	runs := rec.Runs
 	if newRun {
 		runs++
@@ -132,6 +146,12 @@ func dispatch(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, not
 	}
 	if s.Kind == schemas.KindWorkflow {
 		d.Child, d.NotBefore, rec.Status = schemas.ChildJobID(cp.JobID, step, rec.Runs), nil, schemas.StepDispatched
+	}
+	if s.Kind == schemas.KindSleep {
+		if err := sleepDispatch(s, d, now); err != nil {
+			return failJob(cp, err.At(cp.JobID, step, d.Attempt), now)
+		}
+		rec.Status, notBefore = schemas.StepDispatched, *d.Due
 	}
 	if cp.Fan != nil {
 		cp.Fan.Running = append(cp.Fan.Running, d) // a parallel step's branch
@@ -469,6 +489,9 @@ func blockedOf(c *compiled, cp *schemas.Checkpoint, d *schemas.Dispatch, step *s
 func applySignal(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now time.Time) (outcome, []event) {
 	if !signalMayApply(cp, sig) {
 		return outcomeStale, nil
+	}
+	if sig.Type != schemas.SignalCancel && sig.Type != schemas.SignalEffectResolved {
+		return applyControl(c, cp, sig, now)
 	}
 	if sig.Type == schemas.SignalCancel {
 		if c != nil && cp.Fan != nil && cp.Fan.Agent != nil {

@@ -24,6 +24,8 @@ type compiled struct {
 	output []*schemas.Validator // by step index
 	next   [][]transition       // by step index
 	keys   []*template.Template // by step index: the idempotency_key template, if any
+	// actions: by step index, the approval action template, if any.
+	actions []*template.Template
 	// itemKeys: by step index, the for_each.key template, if any.
 	itemKeys []*template.Template
 	// tools: by step index, an agent step's tool input schemas by name.
@@ -158,6 +160,7 @@ func compile(def *schemas.Definition) (*compiled, error) {
 		next:     make([][]transition, len(def.Steps)),
 		needsDoc: make([]bool, len(def.Steps)),
 		keys:     make([]*template.Template, len(def.Steps)),
+		actions:  make([]*template.Template, len(def.Steps)),
 		itemKeys: make([]*template.Template, len(def.Steps)),
 		tools:    make([]map[string]*schemas.Validator, len(def.Steps)),
 		env:      newFanEnv(),
@@ -176,6 +179,11 @@ func compile(def *schemas.Definition) (*compiled, error) {
 		c.needsDoc[i] = c.state != nil
 		if c.keys[i], err = schemas.ParseEffectKey(s.ID, s.IdempotencyKey); err != nil {
 			return nil, schemas.Errorf(schemas.CodeDefinitionInvalid, "steps[%d]: %v", i, err)
+		}
+		if set, err := schemas.ApprovalOf(&def.Steps[i]); err == nil && set != nil {
+			if c.actions[i], err = schemas.ParseApprovalAction(s.ID, set.Action); err != nil {
+				return nil, schemas.Errorf(schemas.CodeDefinitionInvalid, "steps[%d]: %v", i, err)
+			}
 		}
 		for j, t := range s.Tools {
 			v, err := schemas.CompileSchema(fmt.Sprintf("steps[%d].tools[%d].input_schema", i, j), t.InputSchema)

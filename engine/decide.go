@@ -225,10 +225,13 @@ items:
 			}
 			_, sigEvs := applySignal(p.def, cp, it.signal, now)
 			redelivered()
-			if cancel {
+			switch it.signal.Type {
+			case schemas.SignalCancel:
 				p.tally.cancelled++
-			} else {
+			case schemas.SignalEffectResolved:
 				p.tally.unblocked++
+			default:
+				p.tally.controls++
 			}
 			evs = append(evs, sigEvs...)
 			changed, cause = true, it.msgID
@@ -259,7 +262,7 @@ items:
 		p.republish = !changed
 		// The recorded dispatch is published again under its id; the
 		// worker's fencing and the ledger make a second copy harmless.
-		p.sends = newDispatches(nil, p.base.cp)
+		p.sends = unheld(newDispatches(nil, p.base.cp))
 		p.dispatch = len(p.sends) > 0
 	}
 	if !changed {
@@ -294,6 +297,7 @@ items:
 	default:
 		p.sends = newDispatches(p.base.cp, cp)
 	}
+	p.sends = heldOrReleased(base, cp, p.sends)
 	p.dispatch = len(p.sends) > 0
 	switch cp.Status {
 	case schemas.JobCompleted:
@@ -312,6 +316,11 @@ func resultMayApply(cp *schemas.Checkpoint, res *schemas.StepResult) bool {
 	if status == schemas.JobBlocked {
 		status = cp.BlockedFrom
 	}
+	if status == schemas.JobWaitingApproval {
+		// A gate's decision is applied as its result (applyControl); no
+		// worker answers a gate.
+		return cp.Current != nil && cp.Current.Gate != "" && cp.Current.Step == res.Step && cp.Current.Attempt == res.Attempt && res.Item == 0
+	}
 	if cp.Fan != nil {
 		// A fan's other dispatches finish while one of its effects waits
 		// for a person.
@@ -327,8 +336,12 @@ func signalMayApply(cp *schemas.Checkpoint, sig *schemas.Signal) bool {
 	if status == schemas.JobBlocked {
 		status = cp.BlockedFrom
 	}
-	if sig.Type == schemas.SignalCancel {
+	switch sig.Type {
+	case schemas.SignalCancel:
 		return !cp.Status.Terminal()
+	case schemas.SignalEffectResolved:
+	default:
+		return controlMayApply(cp, sig)
 	}
 	if sig.Type != schemas.SignalEffectResolved || status != schemas.JobNeedsReconciliation || cp.Blocked == nil {
 		return false

@@ -189,6 +189,21 @@ func (e *Engine) Run(ctx context.Context) error {
 			e.reconcileLoop(ctx, signalLost)
 		}()
 	}
+	// Due timers (sleeps, approval expiries) go from the timer stream to
+	// the jobs' inboxes.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			if err := e.store.ForwardTimers(ctx); err != nil {
+				e.log.Warn("timer forwarding stopped; trying again in 5s", "err", err)
+				select {
+				case <-ctx.Done():
+				case <-time.After(5 * time.Second):
+				}
+			}
+		}
+	}()
 	for done := false; !done; {
 		select {
 		case <-ctx.Done():

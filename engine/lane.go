@@ -153,7 +153,7 @@ func (e *Engine) injectSteps(ctx context.Context, point string, p *plan) {
 // that a decision made again after a conflict is not counted twice.
 type tally struct {
 	started, rejected, applied, stale, resumes, republished, completed, failed uint64
-	blocked, unblocked, definitionBlocked, cancelled                           uint64
+	blocked, unblocked, definitionBlocked, cancelled, controls                 uint64
 }
 
 // handleBatch decides and writes a batch and starts its publications; the

@@ -2,9 +2,11 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -61,6 +63,16 @@ func (e *Engine) startPublish(ctx context.Context, ps []*plan) *settlement {
 		}
 		if p.dispatch {
 			for _, d := range p.sends {
+				if d.Held {
+					continue
+				}
+				if d.Gate != "" || d.Due != nil {
+					if err := e.scheduleTimer(ctx, cp, d); err != nil {
+						p.err = err
+						break
+					}
+					continue
+				}
 				if d.Child != "" {
 					if e.dropChildStart != nil && e.dropChildStart(d.Child) {
 						continue
@@ -381,6 +393,38 @@ func (e *Engine) stepMessage(cp *schemas.Checkpoint, d *schemas.Dispatch) (*nats
 	m.Data = data
 	m.Header.Set(jetstream.MsgIDHeader, d.MsgID)
 	return m, nil
+}
+
+// scheduleTimer sets the durable timer of d, a gate or a sleep: a gate
+// with an expiry gets its approval_expired signal at the expiry, a sleep
+// its result at its due time (kv.Store.ScheduleTimer). Setting it again
+// (a transition published again) replaces the schedule.
+func (e *Engine) scheduleTimer(ctx context.Context, cp *schemas.Checkpoint, d *schemas.Dispatch) error {
+	if d.Gate != "" {
+		a := cp.ApprovalByID(d.Gate)
+		if a == nil || a.ExpiresAt == nil || a.Status != schemas.ApprovalPending {
+			return nil
+		}
+		sig, err := json.Marshal(schemas.Signal{Job: cp.JobID, Type: schemas.SignalApprovalExpired, Key: a.ID, By: "the gate's expiry", At: *a.ExpiresAt})
+		if err != nil {
+			return err
+		}
+		return e.store.ScheduleTimer(ctx, cp.JobID, timerName("approval", d.Step), *a.ExpiresAt, kv.InboxSignal, nil, sig, cp.MsgPrefix()+"/expire/"+a.ID)
+	}
+	out, _ := json.Marshal(map[string]int64{"slept_ms": d.Due.Sub(d.DispatchedAt).Milliseconds()})
+	res := &schemas.StepResult{Job: cp.JobID, Step: d.Step, Attempt: d.Attempt, Output: out}
+	hdr := nats.Header{}
+	data, err := schemas.EncodeStepResult(res, hdr)
+	if err != nil {
+		return err
+	}
+	return e.store.ScheduleTimer(ctx, cp.JobID, timerName("sleep", d.Step), *d.Due, kv.InboxResult, hdr, data, d.MsgID+"/result")
+}
+
+// timerName is a timer's subject token: kind and step, the step id's
+// dots (not allowed in a token) replaced.
+func timerName(kind, step string) string {
+	return kind + "-" + strings.ReplaceAll(step, ".", "_")
 }
 
 // afterCancel finishes the cancel of base, now written as cp: the step

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -166,20 +167,57 @@ func (e *Engine) reconcileJob(ctx context.Context, ie kv.IndexEntry, now time.Ti
 				}
 			}
 		}
-		if cp.Current == nil {
+		if cp.Current == nil || cp.Current.Held {
 			return age, false, nil
+		}
+		if cp.Current.Due != nil {
+			return age, false, e.checkSleep(ctx, cp, now)
 		}
 		if cp.Current.Child != "" {
 			return age, false, e.checkChild(ctx, cp, cp.Current, now)
 		}
 		waiting, err = e.checkOverdue(ctx, ent, now)
 		return age, waiting, err
+	case schemas.JobWaitingApproval:
+		return 0, false, e.checkGate(ctx, cp, now)
 	case schemas.JobNeedsReconciliation:
 		return 0, false, e.resumeResolved(ctx, ent, now)
 	case schemas.JobBlocked:
 		return 0, false, e.unblockDefinition(ctx, ent, now)
 	}
 	return 0, false, nil
+}
+
+// timerGrace is how long past its due time a timer may take to arrive
+// before the reconciler delivers it itself.
+const timerGrace = time.Minute
+
+// checkSleep delivers the result of cp's sleep whose timer is overdue by
+// timerGrace (its schedule lost, say): the dedup id is the timer's, and a
+// second copy is stale.
+func (e *Engine) checkSleep(ctx context.Context, cp *schemas.Checkpoint, now time.Time) error {
+	d := cp.Current
+	if now.Before(d.Due.Add(timerGrace + 2*e.store.Config.InboxAckWait)) {
+		return nil
+	}
+	out, _ := json.Marshal(map[string]int64{"slept_ms": d.Due.Sub(d.DispatchedAt).Milliseconds()})
+	e.log.Warn("a sleep's timer did not fire: delivering it", "job", cp.JobID, "step", d.Step, "due", d.Due)
+	return e.sendResult(ctx, &schemas.StepResult{Job: cp.JobID, Step: d.Step, Attempt: d.Attempt, Output: out}, d.MsgID)
+}
+
+// checkGate expires cp's open gate whose expiry timer is overdue by
+// timerGrace.
+func (e *Engine) checkGate(ctx context.Context, cp *schemas.Checkpoint, now time.Time) error {
+	if cp.Current == nil || cp.Current.Gate == "" {
+		return nil
+	}
+	a := cp.ApprovalByID(cp.Current.Gate)
+	if a == nil || a.ExpiresAt == nil || now.Before(a.ExpiresAt.Add(timerGrace+2*e.store.Config.InboxAckWait)) {
+		return nil
+	}
+	e.log.Warn("an approval's expiry timer did not fire: expiring it", "job", cp.JobID, "gate", a.ID)
+	return e.store.SendSignal(ctx, schemas.Signal{Job: cp.JobID, Type: schemas.SignalApprovalExpired, Key: a.ID, By: "the gate's expiry", At: *a.ExpiresAt},
+		cp.MsgPrefix()+"/expire/"+a.ID)
 }
 
 // finishEnded completes what the engine that finished a job could not:

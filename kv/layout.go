@@ -227,6 +227,9 @@ type Names struct {
 	InboxStream       string // WAYMARK_INBOX
 	HistoryStream     string // WAYMARK_HISTORY
 	EpochStream       string // WAYMARK_QUEUE_EPOCH
+	TimerStream       string // WAYMARK_TIMERS: durable timers (message schedules)
+	TimerPrefix       string // waymark.timer.
+	TimerConsumer     string // waymark-timers: engines forward due timers to the inbox
 	EngineConsumer    string // waymark-engine
 	WorkSubjectPrefix string // waymark.work.
 	InboxPrefix       string // waymark.inbox.
@@ -248,6 +251,9 @@ func NamesFor(prefix string) Names {
 		InboxStream:       up + "_INBOX",
 		HistoryStream:     up + "_HISTORY",
 		EpochStream:       up + "_QUEUE_EPOCH",
+		TimerStream:       up + "_TIMERS",
+		TimerPrefix:       prefix + ".timer.",
+		TimerConsumer:     prefix + "-timers",
 		EngineConsumer:    prefix + "-engine",
 		WorkSubjectPrefix: prefix + ".work.",
 		InboxPrefix:       prefix + ".inbox.",
@@ -533,6 +539,20 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 			AllowDirect: true,
 		},
 		{
+			// A schedule waits on timer.set.<job>.<name> until due; the
+			// server then publishes its body on timer.due.<job>, which an
+			// engine forwards to the job's inbox (ADR-51 message schedules,
+			// nats-server 2.12+).
+			Name:              n.TimerStream,
+			Description:       "Waymark durable timers: schedules on waymark.timer.set.<job>.<name>, fired on waymark.timer.due.<job> and forwarded by engines to the job's inbox",
+			Subjects:          []string{n.TimerPrefix + "set.*.*", n.TimerPrefix + "due.*"},
+			Retention:         jetstream.WorkQueuePolicy,
+			AllowMsgSchedules: true,
+			Duplicates:        c.Duplicates,
+			MaxMsgSize:        c.MaxMessageBytes,
+			AllowDirect:       true,
+		},
+		{
 			Name:              n.EpochStream,
 			Description:       "Waymark queue epoch: one marker, kept with the same storage as the queues so that losing them loses it too",
 			Subjects:          []string{n.prefix + ".queue_epoch"},
@@ -585,7 +605,7 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 	}
 	for _, sc := range streams {
 		sc.Storage = s.storage()
-		if queues == QueueMemory && sc.Name != n.HistoryStream {
+		if queues == QueueMemory && sc.Name != n.HistoryStream && sc.Name != n.TimerStream {
 			sc.Storage = jetstream.MemoryStorage
 		}
 		if c.GroupCommit && queues == QueueFile && (sc.Name == n.WorkStream || sc.Name == n.InboxStream) {
@@ -603,6 +623,18 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 	if _, err := s.ensureConsumer(ctx, n.InboxStream, jetstream.ConsumerConfig{
 		Durable:       n.EngineConsumer,
 		Description:   "Waymark engines: starts and results to apply",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       c.InboxAckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: c.MaxAckPending,
+		Metadata:      meta,
+	}); err != nil {
+		return nil, nil, err
+	}
+	if _, err := s.ensureConsumer(ctx, n.TimerStream, jetstream.ConsumerConfig{
+		Durable:       n.TimerConsumer,
+		Description:   "Waymark engines: due timers to forward to the jobs' inboxes",
+		FilterSubject: n.TimerPrefix + "due.*",
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       c.InboxAckWait,
 		MaxDeliver:    -1,

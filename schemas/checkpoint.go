@@ -28,14 +28,18 @@ const (
 	// is fixed (its pinned definition cannot be loaded, say); BlockedReason
 	// says what. It goes on by itself once that is fixed.
 	JobBlocked JobStatus = "blocked"
+	// JobWaitingApproval: an approval gate is open (Approvals) and nothing
+	// else runs; the job goes on when a person decides or the gate expires.
+	JobWaitingApproval JobStatus = "waiting_approval"
 )
 
 // Terminal reports whether no further transition can happen.
 func (s JobStatus) Terminal() bool { return s == JobCompleted || s == JobFailed || s == JobCancelled }
 
-// Stopped reports whether the job is terminal or waits for a person.
+// Stopped reports whether the job is terminal or waits for a person
+// (needs_reconciliation, quarantined, blocked, waiting_approval).
 func (s JobStatus) Stopped() bool {
-	return s.Terminal() || s == JobNeedsReconciliation || s == JobQuarantined || s == JobBlocked
+	return s.Terminal() || s == JobNeedsReconciliation || s == JobQuarantined || s == JobBlocked || s == JobWaitingApproval
 }
 
 // StepStatus is where one step of a job stands.
@@ -50,6 +54,7 @@ const (
 	StepFailed     StepStatus = "failed"     // its attempts are exhausted or it failed for good
 	StepBlocked    StepStatus = "blocked"    // its effect is ambiguous; the job waits for reconciliation
 	StepCancelled  StepStatus = "cancelled"  // a parallel branch the join no longer waited for
+	StepWaiting    StepStatus = "waiting"    // an approval gate of the step is open
 )
 
 // Checkpoint is a job's execution state: one JetStream KV entry per job,
@@ -113,6 +118,15 @@ type Checkpoint struct {
 	// Transcripts are the transcripts of the job's finished agent step
 	// runs, in the value store: kept as long as the job, deleted with it.
 	Transcripts []TranscriptPart `json:"transcripts,omitempty"`
+
+	// Approvals are the job's approval gates, open and decided, in the
+	// order they opened.
+	Approvals []*Approval `json:"approvals,omitempty"`
+	// Paused is set while a person holds the job (engine pause): results
+	// of running steps apply, new dispatches are recorded Held.
+	Paused *Pause `json:"paused,omitempty"`
+	// Retries counts the times a failed job was retried (engine retry).
+	Retries int `json:"retries,omitempty"`
 
 	// Cause is the dedup id of the inbox message that produced this Seq. A
 	// redelivery of that same message means its first handler may have died
@@ -217,6 +231,15 @@ type Dispatch struct {
 	// Child is the id of the child job a workflow step's dispatch starts
 	// and waits for; no step message is published for it.
 	Child string `json:"child,omitempty"`
+	// Due is when a sleep step's timer fires: no step message is
+	// published for it, a JetStream message schedule answers for it.
+	Due *time.Time `json:"due,omitempty"`
+	// Held: recorded while the job was paused, not published; engine
+	// resume publishes it.
+	Held bool `json:"held,omitempty"`
+	// Gate is the id of the approval a gate dispatch waits for (see
+	// Approval); no message is published for it.
+	Gate string `json:"gate,omitempty"`
 }
 
 // StepMsgID returns the dedup id of a step message: "<prefix>/<step>/<attempt>",

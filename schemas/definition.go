@@ -150,6 +150,10 @@ type Step struct {
 	Limits  *AgentLimits     `json:"limits,omitempty"`
 	Prices  map[string]Price `json:"prices,omitempty"`
 	OnLimit string           `json:"on_limit,omitempty"`
+	// RequiresApproval opens an approval gate before each run of the step
+	// (not before its retries): the job waits in JobWaitingApproval until
+	// a person approves the rendered action; see ApprovalSettings.
+	RequiresApproval *ApprovalSettings `json:"requires_approval,omitempty"`
 }
 
 // Join modes of a parallel step.

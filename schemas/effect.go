@@ -109,7 +109,18 @@ type Signal struct {
 	Type   string `json:"type"` // SignalEffectResolved or SignalCancel
 	Key    string `json:"key,omitempty"`
 	By     string `json:"by,omitempty"`
-	Reason string `json:"reason,omitempty"` // why, for SignalCancel
+	Reason string `json:"reason,omitempty"` // why, for SignalCancel and the control signals
+	// Gate and Digest name the approval an approve or reject decides
+	// (Digest may be empty: the gate's current one).
+	Gate   string `json:"gate,omitempty"`
+	Digest string `json:"digest,omitempty"`
+	// From is the step a retry goes on from (empty: the failed step), and
+	// IndexRev the revision of the job's active index entry the client
+	// wrote back before sending it.
+	From     string `json:"from,omitempty"`
+	IndexRev uint64 `json:"index_rev,omitempty"`
+	// At is when a timer signal was due.
+	At time.Time `json:"at,omitzero"`
 }
 
 // Signal types.
@@ -121,4 +132,18 @@ const (
 	// dispatched, results still to come are dropped, child jobs in flight
 	// are cancelled too.
 	SignalCancel = "cancel"
+	// SignalPause holds the job: running steps finish, nothing new is
+	// dispatched. SignalResume lifts it.
+	SignalPause  = "pause"
+	SignalResume = "resume"
+	// SignalRetry reopens a failed job at its failed step (or From): the
+	// steps it reaches again reuse their runs' idempotency keys, so
+	// effects already confirmed answer from the ledger.
+	SignalRetry = "retry"
+	// SignalApprove and SignalReject decide the open gate Gate (Digest:
+	// the action seen). SignalApprovalExpired is the gate's timer (Key: the
+	// approval's id), due at its expiry.
+	SignalApprove         = "approve"
+	SignalReject          = "reject"
+	SignalApprovalExpired = "approval_expired"
 )

@@ -111,6 +111,17 @@ func (cp *Checkpoint) AppendJSON(dst []byte) []byte {
 		b, _ := json.Marshal(cp.Transcripts)
 		w.rawField("transcripts", b)
 	}
+	if len(cp.Approvals) > 0 {
+		b, _ := Marshal(cp.Approvals)
+		w.rawField("approvals", b)
+	}
+	if cp.Paused != nil {
+		b, _ := Marshal(cp.Paused)
+		w.rawField("paused", b)
+	}
+	if cp.Retries != 0 {
+		w.intField("retries", int64(cp.Retries))
+	}
 	if cp.Cause != "" {
 		w.strField("cause", cp.Cause)
 	}
@@ -349,6 +360,15 @@ func (w *jsonw) dispatch(d *Dispatch) {
 	if d.Child != "" {
 		w.strField("child", d.Child)
 	}
+	if d.Due != nil {
+		w.timeField("due", *d.Due)
+	}
+	if d.Held {
+		w.boolField("held", true)
+	}
+	if d.Gate != "" {
+		w.strField("gate", d.Gate)
+	}
 	w.close()
 }
 
@@ -465,6 +485,10 @@ func (w *jsonw) historyData(d *HistoryData) {
 	}
 	if d.PromptVersion != "" {
 		w.strField("prompt_version", d.PromptVersion)
+	}
+	if d.Approval != nil {
+		b, _ := Marshal(d.Approval)
+		w.rawField("approval", b)
 	}
 	w.close()
 }

@@ -33,6 +33,9 @@ const (
 	CodeDefinitionMissing Code = "definition_missing" // a job's pinned definition cannot be loaded: the job is blocked until it is stored again
 	CodeNotAmbiguous      Code = "not_ambiguous"      // an effect resolution for an effect that waits for no decision
 	CodeLimitReached      Code = "limit_reached"      // an agent step reached one of its limits (max_turns, max_tool_calls, max_tokens, max_cost)
+	CodeApprovalRejected  Code = "approval_rejected"  // a person rejected an approval gate
+	CodeApprovalExpired   Code = "approval_expired"   // an approval gate expired before anyone decided
+	CodeApprovalScope     Code = "approval_scope"     // the request left the scope its approval allowed: not sent
 	CodeWaiting           Code = "waiting"            // the step waits on something outside it (another job's call under the same key): tried again later without using an attempt
 )
 

@@ -654,6 +654,7 @@ func checkDefinition(d *Definition) []Problem {
 	}
 	ps = append(ps, checkFans(d)...)
 	ps = append(ps, checkAgents(d)...)
+	ps = append(ps, checkControls(d)...)
 	return append(ps, checkEffectKeys(d)...)
 }
 

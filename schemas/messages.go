@@ -100,19 +100,24 @@ type StepResult struct {
 // job appends one or more of these to the history stream (DESIGN.md
 // invariant 8).
 const (
-	EventJobStarted     = "dev.waymark.job.started"
-	EventJobResumed     = "dev.waymark.job.resumed"
-	EventJobBlocked     = "dev.waymark.job.blocked"   // the engine cannot go on (its definition cannot be loaded); Reason says why
-	EventJobUnblocked   = "dev.waymark.job.unblocked" // the cause of a job.blocked is gone
-	EventJobCompleted   = "dev.waymark.job.completed"
-	EventJobFailed      = "dev.waymark.job.failed"
-	EventJobCancelled   = "dev.waymark.job.cancelled" // By and Reason say who and why; Reason lists what was in flight"
-	EventStepDispatched = "dev.waymark.step.dispatched"
-	EventStepCompleted  = "dev.waymark.step.completed"
-	EventStepFailed     = "dev.waymark.step.failed"  // one attempt failed; Retrying tells whether another follows
-	EventStepBlocked    = "dev.waymark.step.blocked" // an unsafe effect is ambiguous; the job needs reconciliation
-	EventStepUnblocked  = "dev.waymark.step.unblocked"
-	EventStepCancelled  = "dev.waymark.step.cancelled" // a parallel branch the join no longer waits for
+	EventJobStarted        = "dev.waymark.job.started"
+	EventJobResumed        = "dev.waymark.job.resumed"
+	EventJobBlocked        = "dev.waymark.job.blocked"   // the engine cannot go on (its definition cannot be loaded); Reason says why
+	EventJobUnblocked      = "dev.waymark.job.unblocked" // the cause of a job.blocked is gone
+	EventJobCompleted      = "dev.waymark.job.completed"
+	EventJobFailed         = "dev.waymark.job.failed"
+	EventJobCancelled      = "dev.waymark.job.cancelled"      // By and Reason say who and why; Reason lists what was in flight"
+	EventJobPaused         = "dev.waymark.job.paused"         // By and Reason say who and why
+	EventJobUnpaused       = "dev.waymark.job.unpaused"       // engine resume: held dispatches go out
+	EventJobRetried        = "dev.waymark.job.retried"        // a failed job reopened (engine retry); Step is where it goes on
+	EventApprovalRequested = "dev.waymark.approval.requested" // Approval holds the gate
+	EventApprovalDecided   = "dev.waymark.approval.decided"   // Approval holds the decision: approved, rejected or expired
+	EventStepDispatched    = "dev.waymark.step.dispatched"
+	EventStepCompleted     = "dev.waymark.step.completed"
+	EventStepFailed        = "dev.waymark.step.failed"  // one attempt failed; Retrying tells whether another follows
+	EventStepBlocked       = "dev.waymark.step.blocked" // an unsafe effect is ambiguous; the job needs reconciliation
+	EventStepUnblocked     = "dev.waymark.step.unblocked"
+	EventStepCancelled     = "dev.waymark.step.cancelled" // a parallel branch the join no longer waits for
 	// EventAgentTurn: an agent step's model turn is in its transcript;
 	// Turn, Model, Usage and PromptVersion say which and what it cost.
 	EventAgentTurn = "dev.waymark.agent.turn"
@@ -158,4 +163,6 @@ type HistoryData struct {
 	Model         string      `json:"model,omitempty"`
 	Usage         *TokenUsage `json:"usage,omitempty"`
 	PromptVersion string      `json:"prompt_version,omitempty"`
+	// Approval is the gate of approval events.
+	Approval *Approval `json:"approval,omitempty"`
 }

@@ -315,7 +315,7 @@ func (r *Registry) check(allowed []string, prepare func(Kind, *Prep) []schemas.P
 			// not read secrets.
 			k, ok := r.Lookup(s.Kind)
 			switch {
-			case s.Kind == schemas.KindParallel || s.Kind == schemas.KindWorkflow:
+			case schemas.EngineKind(s.Kind):
 				continue // performed by the engine, checked by the loader
 			case ok:
 				ps = append(ps, prepare(k, &Prep{Definition: def, Step: s, Index: i})...)

@@ -13,7 +13,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode"
 
 	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/nats-io/nats.go"
@@ -924,22 +923,8 @@ type CancelRequest struct {
 // that had completed or failed is not changed). Errors: schemas.ErrNotFound
 // for an unknown job; CodeInputInvalid for a request without by.
 func (c *Client) Cancel(ctx context.Context, id string, r CancelRequest) (*JobView, error) {
-	if err := ValidateJobID(id); err != nil {
+	if err := checkWho("cancel", id, ControlRequest{By: r.By, Reason: r.Reason}); err != nil {
 		return nil, err
-	}
-	switch {
-	case strings.TrimSpace(r.By) == "":
-		return nil, schemas.Errorf(schemas.CodeInputInvalid, "cancel job %s: say who cancels it (by)", id)
-	case len(r.By) > 1000 || len(r.Reason) > 1000:
-		return nil, schemas.Errorf(schemas.CodeInputInvalid, "cancel job %s: by and reason are at most 1,000 characters", id)
-	}
-	if err := schemas.CheckStringsText("", map[string]string{"by": r.By, "reason": r.Reason}); err != nil {
-		return nil, err
-	}
-	for name, v := range map[string]string{"by": r.By, "reason": r.Reason} {
-		if i := strings.IndexFunc(v, unicode.IsControl); i >= 0 {
-			return nil, schemas.Errorf(schemas.CodeInputInvalid, "cancel job %s: %s holds a control character at byte %d: write it as plain text on one line", id, name, i)
-		}
 	}
 	ent, err := c.store.Checkpoints.Get(ctx, id)
 	if err != nil {

@@ -43,9 +43,16 @@ type JobView struct {
 	// a person (needs_reconciliation, blocked, quarantined): the job goes on
 	// only once it ends. Filled by Client.Job and Wait.
 	WaitingChild *ChildWait `json:"waiting_child,omitempty"`
-	CreatedAt    time.Time  `json:"created_at"`
-	UpdatedAt    time.Time  `json:"updated_at"`
-	CompletedAt  *time.Time `json:"completed_at,omitempty"`
+	// Approvals are the job's approval gates, open and decided, oldest
+	// first: gate, digest, status, expires_at and the decision.
+	Approvals []*schemas.Approval `json:"approvals,omitempty"`
+	// Paused is set while the job is paused (engine pause).
+	Paused *schemas.Pause `json:"paused,omitempty"`
+	// Retries counts the times the job was retried after it failed.
+	Retries     int        `json:"retries,omitempty"`
+	CreatedAt   time.Time  `json:"created_at"`
+	UpdatedAt   time.Time  `json:"updated_at"`
+	CompletedAt *time.Time `json:"completed_at,omitempty"`
 }
 
 // ChildWait is a stopped child job a parent waits for.
@@ -136,6 +143,8 @@ type JobSummary struct {
 
 // NewJobView builds the record of cp. def may be nil (steps then appear in
 // name order, without kinds).
+// NewJobView builds the view of cp under its definition def; with def
+// nil (not loadable) the steps are those the checkpoint has, by id.
 func NewJobView(cp *schemas.Checkpoint, def *schemas.Definition) *JobView {
 	v := &JobView{
 		ID: cp.JobID, Workflow: cp.Workflow, Version: cp.Version, DefinitionHash: cp.DefinitionHash,
@@ -145,6 +154,7 @@ func NewJobView(cp *schemas.Checkpoint, def *schemas.Definition) *JobView {
 		Steps: []StepView{},
 	}
 	v.Transcripts = cp.Transcripts
+	v.Approvals, v.Paused, v.Retries = cp.Approvals, cp.Paused, cp.Retries
 	if cp.Fan != nil {
 		v.Fan = newFanView(cp)
 	}

@@ -1,0 +1,296 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/waymark-dev/waymark/kv"
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// Errors of the control and approval calls that callers tell apart (the
+// HTTP API maps them to 409, 403 and 202).
+var (
+	// ErrControlPending: the request was sent and no engine recorded it
+	// before the context ended; it waits in the job's inbox.
+	ErrControlPending = errors.New("the request waits in the job's inbox")
+	// ErrNotApplicable: the job is not in a state the request applies to
+	// (pause of an ended job, retry of a job that did not fail, resume of
+	// a job not paused).
+	ErrNotApplicable = errors.New("not applicable to the job as it stands")
+	// ErrAlreadyDecided: the gate was decided before (approved, rejected
+	// or expired); nothing changed.
+	ErrAlreadyDecided = errors.New("already decided")
+	// ErrNoSuchGate: the job has no gate of that name open (nor decided).
+	ErrNoSuchGate = errors.New("no such gate")
+	// ErrDigestMismatch: the digest given is not the open gate's: the
+	// action changed since it was seen, and needs a new look.
+	ErrDigestMismatch = errors.New("the action changed: digest mismatch")
+	// ErrNotApprover: the gate names its approvers and by is not one.
+	ErrNotApprover = errors.New("not an approver of this gate")
+	// ErrApprovalExpired: the gate expired (by the engine's clock) before
+	// the decision was applied; the job followed the expiry path.
+	ErrApprovalExpired = errors.New("the approval expired")
+)
+
+// ControlRequest says who acts on a job and why: By is required; both are
+// at most 1,000 bytes of text on one line.
+type ControlRequest struct {
+	By     string `json:"by"`
+	Reason string `json:"reason,omitempty"`
+	// From is where a retry goes on: a step id of the job's definition;
+	// empty: the step that failed.
+	From string `json:"from,omitempty"`
+	// Digest is the action an approve or reject decides, as the caller
+	// saw it (engine status lists it); empty: the open gate's.
+	Digest string `json:"digest,omitempty"`
+}
+
+// checkWho checks r's by and reason for op on job id.
+func checkWho(op, id string, r ControlRequest) error {
+	if err := ValidateJobID(id); err != nil {
+		return err
+	}
+	switch {
+	case strings.TrimSpace(r.By) == "":
+		verb := map[string]string{"retry": "retries", "approve": "approves", "reject": "rejects"}[op]
+		if verb == "" {
+			verb = op + "s"
+		}
+		return schemas.Errorf(schemas.CodeInputInvalid, "%s job %s: say who %s it (by)", op, id, verb)
+	case len(r.By) > 1000 || len(r.Reason) > 1000:
+		return schemas.Errorf(schemas.CodeInputInvalid, "%s job %s: by and reason are at most 1,000 characters", op, id)
+	}
+	if err := schemas.CheckStringsText("", map[string]string{"by": r.By, "reason": r.Reason}); err != nil {
+		return err
+	}
+	for name, v := range map[string]string{"by": r.By, "reason": r.Reason} {
+		if i := strings.IndexFunc(v, unicode.IsControl); i >= 0 {
+			return schemas.Errorf(schemas.CodeInputInvalid, "%s job %s: %s holds a control character at byte %d: write it as plain text on one line", op, id, name, i)
+		}
+	}
+	return nil
+}
+
+// send publishes sig under msgID and waits (until ctx ends) for a
+// checkpoint of job id for which done holds; it returns that checkpoint's
+// view. ErrControlPending when no engine recorded it in time.
+func (c *Client) send(ctx context.Context, op string, sig schemas.Signal, msgID string, done func(*schemas.Checkpoint) bool) (*JobView, error) {
+	if err := c.store.SendSignal(ctx, sig, msgID); err != nil {
+		return nil, fmt.Errorf("%s job %s: %w", op, sig.Job, err)
+	}
+	var final *schemas.Checkpoint
+	err := c.store.Checkpoints.Watch(ctx, sig.Job, func(e kv.Entry, err error) bool {
+		if err == nil && done(e.Checkpoint) {
+			final = e.Checkpoint
+			return false
+		}
+		return true
+	})
+	if final == nil {
+		if err == nil {
+			err = ctx.Err()
+		}
+		return nil, fmt.Errorf("%s job %s: wait for the engine: %w: %w", op, sig.Job, ErrControlPending, err)
+	}
+	def, _ := c.store.Definitions.Get(ctx, final.DefinitionHash)
+	return c.view(ctx, final, def), nil
+}
+
+// load reads job id's checkpoint for op.
+func (c *Client) load(ctx context.Context, op, id string) (*schemas.Checkpoint, error) {
+	ent, err := c.store.Checkpoints.Get(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("%s job %s: %w", op, id, err)
+	}
+	return ent.Checkpoint, nil
+}
+
+// Pause holds job id: the steps running finish and their results apply,
+// nothing new is dispatched (it is recorded, held) until Resume. It waits
+// for the engine to record it and returns the job's record. Errors:
+// schemas.ErrNotFound; ErrNotApplicable for an ended job or one paused
+// already; ErrControlPending; CodeInputInvalid for a bad by or reason.
+func (c *Client) Pause(ctx context.Context, id string, r ControlRequest) (*JobView, error) {
+	if err := checkWho("pause", id, r); err != nil {
+		return nil, err
+	}
+	cp, err := c.load(ctx, "pause", id)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case cp.Status.Terminal():
+		return nil, fmt.Errorf("pause job %s: it %s: %w", id, cp.Status, ErrNotApplicable)
+	case cp.Paused != nil:
+		return nil, fmt.Errorf("pause job %s: paused already by %s at %s: %w", id, cp.Paused.By, cp.Paused.At.UTC().Format(time.RFC3339), ErrNotApplicable)
+	}
+	sig := schemas.Signal{Job: id, Type: schemas.SignalPause, By: r.By, Reason: r.Reason}
+	return c.send(ctx, "pause", sig, cp.MsgPrefix()+"/pause/"+strconv.FormatUint(cp.Seq, 10), func(n *schemas.Checkpoint) bool {
+		return n.Paused != nil || n.Status.Terminal()
+	})
+}
+
+// Resume lifts a pause: the dispatches held go out. Errors as Pause's;
+// ErrNotApplicable for a job that is not paused.
+func (c *Client) Resume(ctx context.Context, id string, r ControlRequest) (*JobView, error) {
+	if err := checkWho("resume", id, r); err != nil {
+		return nil, err
+	}
+	cp, err := c.load(ctx, "resume", id)
+	if err != nil {
+		return nil, err
+	}
+	if cp.Paused == nil || cp.Status.Terminal() {
+		return nil, fmt.Errorf("resume job %s: it is %s, not paused: %w", id, cp.Status, ErrNotApplicable)
+	}
+	sig := schemas.Signal{Job: id, Type: schemas.SignalResume, By: r.By, Reason: r.Reason}
+	return c.send(ctx, "resume", sig, cp.MsgPrefix()+"/resume/"+strconv.FormatUint(cp.Seq, 10), func(n *schemas.Checkpoint) bool {
+		return n.Paused == nil || n.Status.Terminal()
+	})
+}
+
+// Retry reopens failed job id at r.From, or at the step that failed, under
+// new attempts: each step it reaches again runs under its last run's
+// idempotency key, so effects already confirmed are answered from the
+// ledger, not performed again. The job's index entry is made active again
+// before the signal. It waits until the engine recorded the retry and
+// returns the record. Errors: schemas.ErrNotFound; ErrNotApplicable for a
+// job that did not fail; CodeInputInvalid for a From the job's definition
+// does not have; ErrControlPending.
+func (c *Client) Retry(ctx context.Context, id string, r ControlRequest) (*JobView, error) {
+	if err := checkWho("retry", id, r); err != nil {
+		return nil, err
+	}
+	cp, err := c.load(ctx, "retry", id)
+	if err != nil {
+		return nil, err
+	}
+	if cp.Status != schemas.JobFailed {
+		return nil, fmt.Errorf("retry job %s: it is %s; only a failed job is retried: %w", id, cp.Status, ErrNotApplicable)
+	}
+	def, err := c.store.Definitions.Get(ctx, cp.DefinitionHash)
+	if err != nil {
+		return nil, fmt.Errorf("retry job %s: its definition %s: %w", id, short(cp.DefinitionHash), err)
+	}
+	from := r.From
+	if from == "" && cp.Error != nil {
+		from = cp.Error.Step
+	}
+	if from == "" {
+		return nil, schemas.Errorf(schemas.CodeInputInvalid, "retry job %s: it failed outside a step (%s); say where it goes on with from", id, cp.Error.Message)
+	}
+	if def.Step(from) == nil {
+		var ids []string
+		for _, s := range def.Steps {
+			ids = append(ids, s.ID)
+		}
+		return nil, schemas.Errorf(schemas.CodeInputInvalid, "retry job %s: from %q is not a step of workflow %s (steps: %s)", id, from, def.Name, strings.Join(ids, ", "))
+	}
+	rev, err := c.store.Jobs.CreateActive(ctx, cp)
+	if err != nil && !errors.Is(err, schemas.ErrConflict) {
+		return nil, fmt.Errorf("retry job %s: index entry: %w", id, err)
+	}
+	if errors.Is(err, schemas.ErrConflict) {
+		ie, gerr := c.store.Jobs.Get(ctx, kv.ActiveKey(cp.Workflow, id))
+		if gerr != nil {
+			return nil, fmt.Errorf("retry job %s: index entry: %w", id, gerr)
+		}
+		rev = ie.Revision
+	}
+	sig := schemas.Signal{Job: id, Type: schemas.SignalRetry, By: r.By, Reason: r.Reason, From: from, IndexRev: rev}
+	retries := cp.Retries
+	return c.send(ctx, "retry", sig, cp.MsgPrefix()+"/retry/"+strconv.FormatUint(cp.Seq, 10), func(n *schemas.Checkpoint) bool {
+		return n.Retries > retries
+	})
+}
+
+// Approve approves job id's open gate (its step id) for r.By: the gate's
+// step goes on (an approval step completes with an ApprovalOutput; a step
+// with requires_approval starts its run). Errors, nothing changed by any:
+// schemas.ErrNotFound; ErrNoSuchGate; ErrAlreadyDecided for a gate
+// decided before; ErrDigestMismatch when r.Digest is not the gate's;
+// ErrNotApprover; ErrApprovalExpired (with the record: the job followed
+// the expiry path); ErrControlPending.
+func (c *Client) Approve(ctx context.Context, id, gate string, r ControlRequest) (*JobView, error) {
+	return c.decide(ctx, "approve", schemas.SignalApprove, id, gate, r)
+}
+
+// Reject rejects job id's open gate: the gate's step fails with code
+// approval_rejected (its on_error follows, or the job fails). Errors as
+// Approve's.
+func (c *Client) Reject(ctx context.Context, id, gate string, r ControlRequest) (*JobView, error) {
+	return c.decide(ctx, "reject", schemas.SignalReject, id, gate, r)
+}
+
+func (c *Client) decide(ctx context.Context, op, typ, id, gate string, r ControlRequest) (*JobView, error) {
+	if err := checkWho(op, id, r); err != nil {
+		return nil, err
+	}
+	cp, err := c.load(ctx, op, id)
+	if err != nil {
+		return nil, err
+	}
+	var a *schemas.Approval
+	for _, g := range cp.Approvals {
+		if g.Gate == gate || g.ID == gate {
+			a = g // the latest run's
+		}
+	}
+	if a == nil {
+		open := []string{}
+		for _, g := range cp.Approvals {
+			if g.Status == schemas.ApprovalPending {
+				open = append(open, g.Gate)
+			}
+		}
+		if len(open) == 0 {
+			return nil, fmt.Errorf("%s job %s: it has no gate %q and none is open (it is %s): %w", op, id, gate, cp.Status, ErrNoSuchGate)
+		}
+		return nil, fmt.Errorf("%s job %s: it has no gate %q; open: %s: %w", op, id, gate, strings.Join(open, ", "), ErrNoSuchGate)
+	}
+	if a.Status != schemas.ApprovalPending {
+		who := ""
+		if a.DecidedBy != "" {
+			who = " by " + a.DecidedBy
+		}
+		when := ""
+		if a.DecidedAt != nil {
+			when = " at " + a.DecidedAt.UTC().Format(time.RFC3339)
+		}
+		return nil, fmt.Errorf("%s job %s: gate %s was %s%s%s; nothing changed: %w", op, id, a.ID, a.Status, who, when, ErrAlreadyDecided)
+	}
+	if r.Digest != "" && r.Digest != a.Digest {
+		return nil, fmt.Errorf("%s job %s: gate %s now asks to approve digest %s, not %s (the action changed): look again with engine status: %w", op, id, a.ID, a.Digest, r.Digest, ErrDigestMismatch)
+	}
+	if len(a.Approvers) > 0 && !slices.Contains(a.Approvers, r.By) {
+		return nil, fmt.Errorf("%s job %s: gate %s may be decided by %s, not %s: %w", op, id, a.ID, strings.Join(a.Approvers, ", "), r.By, ErrNotApprover)
+	}
+	sig := schemas.Signal{Job: id, Type: typ, Gate: a.Gate, Digest: a.Digest, By: r.By, Reason: r.Reason}
+	gateID := a.ID
+	v, err := c.send(ctx, op, sig, cp.MsgPrefix()+"/decide/"+gateID, func(n *schemas.Checkpoint) bool {
+		g := n.ApprovalByID(gateID)
+		return g == nil || g.Status != schemas.ApprovalPending || n.Status.Terminal()
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, g := range v.Approvals {
+		if g.ID != gateID {
+			continue
+		}
+		switch {
+		case g.Status == schemas.ApprovalExpired:
+			return v, fmt.Errorf("%s job %s: gate %s %s: %w", op, id, gateID, g.Reason, ErrApprovalExpired)
+		case g.DecidedBy != r.By || (typ == schemas.SignalApprove) != (g.Status == schemas.ApprovalApproved):
+			return v, fmt.Errorf("%s job %s: gate %s was %s by %s first: %w", op, id, gateID, g.Status, g.DecidedBy, ErrAlreadyDecided)
+		}
+	}
+	return v, nil
+}

@@ -1,0 +1,318 @@
+package engine
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// A gate is an approval waiting for a person: cp.Current is a dispatch
+// with Gate set (the approval's id), of the approval step or of the step
+// whose requires_approval opened it; no message is published for it and
+// the job is JobWaitingApproval. A decision is applied as that
+// dispatch's result, so an approval step's output, its transitions and
+// its on_error work as any step's.
+
+// gateMsgID is the dedup id of a gate's dispatch (never published; it
+// tells dispatches apart).
+func gateMsgID(cp *schemas.Checkpoint, step string, run int) string {
+	return cp.MsgPrefix() + "/" + step + "/gate-" + strconv.Itoa(run)
+}
+
+// openGate opens the approval gate of run rec.Runs of step s (rec counts
+// the run already): the action is rendered and bound by its digest, the
+// job waits in JobWaitingApproval. attempt is the gate dispatch's attempt
+// (an approval step's own; 0 before a requires_approval step's run).
+func openGate(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, rec *schemas.StepRecord, attempt int, now time.Time) event {
+	idx := c.def.StepIndex(s.ID)
+	set, err := schemas.ApprovalOf(s)
+	if err != nil || set == nil {
+		if err == nil {
+			err = fmt.Errorf("step %s has no approval settings", s.ID)
+		}
+		return failJob(cp, &schemas.Error{Code: schemas.CodeDefinitionInvalid, Job: cp.JobID, Step: s.ID, Message: err.Error()}, now)
+	}
+	gate, fail := c.renderGate(cp, s, idx, rec.Runs, set)
+	if fail != nil {
+		return failJob(cp, fail, now)
+	}
+	gate.RequestedAt = now
+	if set.ExpiresIn > 0 {
+		t := now.Add(time.Duration(set.ExpiresIn))
+		gate.ExpiresAt = &t
+	}
+	cp.Approvals = append(cp.Approvals, gate)
+	rec.Status = schemas.StepWaiting
+	cp.Status = schemas.JobWaitingApproval
+	cp.Current = &schemas.Dispatch{Step: s.ID, Attempt: attempt, RunAttempt: rec.RunAttempt, MsgID: gateMsgID(cp, s.ID, rec.Runs),
+		DispatchedAt: now, Gate: gate.ID}
+	shown := *gate
+	return event{typ: schemas.EventApprovalRequested, data: schemas.HistoryData{Job: cp.JobID, Step: s.ID, Status: string(gate.Status), Approval: &shown}}
+}
+
+// renderGate builds the approval of run run of step s: the action
+// rendered from its template (or "run step S" and its effect key), the
+// bound data, and the digest of both with the step's settings.
+func (c *compiled) renderGate(cp *schemas.Checkpoint, s *schemas.Step, idx, run int, set *schemas.ApprovalSettings) (*schemas.Approval, *schemas.Error) {
+	var key string
+	if s.Kind != schemas.KindApproval && c.def.EffectOf(s) != schemas.EffectPure {
+		k, err := schemas.EffectKey(c.def, s, cp.JobID, cp.KeyBase(), run, c.keys[idx], cp.State, cp.Vars)
+		if err != nil {
+			return nil, &schemas.Error{Code: schemas.CodeInputInvalid, Job: cp.JobID, Step: s.ID, Message: err.Error()}
+		}
+		key = k
+	}
+	action := "run step " + s.ID
+	if key != "" {
+		action += " (effect " + key + ")"
+	}
+	if t := c.actions[idx]; t != nil {
+		text, err := schemas.RenderTemplate(t, cp.JobID, s.ID, cp.State, cp.Vars)
+		if err != nil {
+			return nil, &schemas.Error{Code: schemas.CodeInputInvalid, Job: cp.JobID, Step: s.ID, Message: "approval action: " + err.Error()}
+		}
+		action = text
+	}
+	data := json.RawMessage(cp.State)
+	if set.Data != "" {
+		v, _, err := cutPath(cp.State, strings.Split(set.Data, "."))
+		if err != nil {
+			return nil, &schemas.Error{Code: schemas.CodeInputInvalid, Job: cp.JobID, Step: s.ID, Message: fmt.Sprintf("approval data: state.%s: %v", set.Data, err)}
+		}
+		data = v
+	}
+	var with json.RawMessage
+	if s.Kind != schemas.KindApproval {
+		with = s.With
+	}
+	bound, _ := schemas.Marshal(struct {
+		Gate      string          `json:"gate"`
+		Action    string          `json:"action"`
+		Data      json.RawMessage `json:"data,omitempty"`
+		With      json.RawMessage `json:"with,omitempty"`
+		EffectKey string          `json:"effect_key,omitempty"`
+	}{s.ID, action, data, with, key})
+	sum := sha256.Sum256(bound)
+	if len(data) > maxGateData {
+		data = nil // bound by the digest, not copied into every checkpoint
+	}
+	return &schemas.Approval{
+		ID: s.ID + "/" + strconv.Itoa(run), Gate: s.ID, Run: run, Digest: hex.EncodeToString(sum[:]), Action: action, Data: data,
+		Approvers: set.Approvers, Status: schemas.ApprovalPending,
+	}, nil
+}
+
+// maxGateData is the largest bound value an approval keeps a copy of
+// (bytes); a larger one is bound by the digest alone.
+const maxGateData = 2 << 10
+
+// sleepDispatch makes d, the dispatch of sleep step s, wait for its timer.
+func sleepDispatch(s *schemas.Step, d *schemas.Dispatch, now time.Time) *schemas.Error {
+	set, err := schemas.SleepOf(s)
+	if err != nil {
+		return &schemas.Error{Code: schemas.CodeDefinitionInvalid, Step: s.ID, Message: err.Error()}
+	}
+	if d.Due == nil {
+		due := now.Add(time.Duration(set.For))
+		d.Due = &due
+	}
+	d.Pool, d.NotBefore = "", nil
+	return nil
+}
+
+// controlMayApply reports whether sig, a control or approval signal, can
+// change cp; see applyControl.
+func controlMayApply(cp *schemas.Checkpoint, sig *schemas.Signal) bool {
+	switch sig.Type {
+	case schemas.SignalPause:
+		return !cp.Status.Terminal() && cp.Paused == nil
+	case schemas.SignalResume:
+		return !cp.Status.Terminal() && cp.Paused != nil
+	case schemas.SignalRetry:
+		return cp.Status == schemas.JobFailed
+	case schemas.SignalApprove, schemas.SignalReject:
+		a := cp.PendingApproval(sig.Gate)
+		return a != nil && cp.Current != nil && cp.Current.Gate == a.ID && (sig.Digest == "" || sig.Digest == a.Digest)
+	case schemas.SignalApprovalExpired:
+		a := cp.ApprovalByID(sig.Key)
+		return a != nil && a.Status == schemas.ApprovalPending && cp.Current != nil && cp.Current.Gate == a.ID
+	}
+	return false
+}
+
+// applyControl applies a control signal (pause, resume, retry) or an
+// approval decision (approve, reject, the gate's expiry) to cp.
+func applyControl(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now time.Time) (outcome, []event) {
+	if !controlMayApply(cp, sig) {
+		return outcomeStale, nil
+	}
+	switch sig.Type {
+	case schemas.SignalPause:
+		cp.Paused = &schemas.Pause{By: sig.By, Reason: sig.Reason, At: now}
+		running := len(cp.Dispatches())
+		reason := sig.Reason
+		if running > 0 {
+			reason = strings.TrimPrefix(reason+"; ", "; ") + countOf(running, "dispatch") + " in flight may finish"
+		}
+		return outcomeApplied, []event{{typ: schemas.EventJobPaused, data: schemas.HistoryData{Job: cp.JobID, By: sig.By, Reason: reason}}}
+	case schemas.SignalResume:
+		cp.Paused = nil
+		released := 0
+		for _, d := range cp.Dispatches() {
+			if d.Held {
+				d.Held, d.DispatchedAt = false, now
+				released++
+			}
+		}
+		return outcomeApplied, []event{{typ: schemas.EventJobUnpaused, data: schemas.HistoryData{Job: cp.JobID, By: sig.By, Reason: strings.TrimPrefix(sig.Reason+"; ", "; ") + countOf(released, "held dispatch") + " sent"}}}
+	case schemas.SignalRetry:
+		return outcomeApplied, retryJob(c, cp, sig, now)
+	}
+	// A decision on the open gate.
+	a := cp.ApprovalByID(cp.Current.Gate)
+	decided := now
+	switch {
+	case sig.Type == schemas.SignalApprovalExpired, a.ExpiresAt != nil && !now.Before(*a.ExpiresAt):
+		// Past the expiry by the engine's clock: a late decision is refused
+		// and the gate expires now.
+		a.Status, a.DecidedBy = schemas.ApprovalExpired, ""
+		a.Reason = "expired at " + a.ExpiresAt.UTC().Format(time.RFC3339)
+		if sig.Type != schemas.SignalApprovalExpired {
+			a.Reason += "; a " + sig.Type + " by " + sig.By + " came after"
+		}
+	case sig.Type == schemas.SignalApprove:
+		a.Status, a.DecidedBy, a.Reason = schemas.ApprovalApproved, sig.By, sig.Reason
+	default:
+		a.Status, a.DecidedBy, a.Reason = schemas.ApprovalRejected, sig.By, sig.Reason
+	}
+	a.DecidedAt = &decided
+	shown := *a
+	evs := []event{{typ: schemas.EventApprovalDecided, data: schemas.HistoryData{Job: cp.JobID, Step: a.Gate, Status: string(a.Status), By: a.DecidedBy, Reason: a.Reason, Approval: &shown}}}
+	s := c.def.Step(a.Gate)
+	cur := cp.Current
+	res := &schemas.StepResult{Job: cp.JobID, Step: cur.Step, Attempt: cur.Attempt}
+	switch a.Status {
+	case schemas.ApprovalApproved:
+		out, _ := schemas.Marshal(schemas.ApprovalOutput{Approved: true, By: a.DecidedBy, Reason: a.Reason, Digest: a.Digest, DecidedAt: decided})
+		res.Output = out
+	case schemas.ApprovalRejected:
+		msg := "rejected by " + a.DecidedBy
+		if a.Reason != "" {
+			msg += ": " + a.Reason
+		}
+		res.Error = &schemas.Error{Code: schemas.CodeApprovalRejected, Message: "approval " + a.ID + " " + msg}
+	default:
+		res.Error = &schemas.Error{Code: schemas.CodeApprovalExpired, Message: "approval " + a.ID + " " + a.Reason}
+	}
+	cp.Status = schemas.JobRunning
+	if s.Kind != schemas.KindApproval && a.Status == schemas.ApprovalApproved {
+		// The guarded step's run begins: its first attempt.
+		cp.Current = nil
+		return outcomeApplied, append(evs, dispatch(c, cp, s.ID, false, time.Time{}, now))
+	}
+	if s.Kind != schemas.KindApproval {
+		// No attempt ran: the step fails for good without one.
+		rec := cp.Steps[s.ID]
+		rec.Status, rec.LastError = schemas.StepFailed, res.Error.At(cp.JobID, s.ID, 0)
+		cp.Current = nil
+		fail := event{typ: schemas.EventStepFailed, data: schemas.HistoryData{Job: cp.JobID, Step: s.ID, Error: rec.LastError}}
+		if s.OnError != "" {
+			fail.data.Next = s.OnError
+			return outcomeApplied, append(append(evs, fail), dispatchOrStop(c, cp, s.OnError, true, time.Time{}, now)...)
+		}
+		return outcomeApplied, append(evs, fail, failJob(cp, rec.LastError, now))
+	}
+	_, resEvs := applyResult(c, cp, res, now)
+	return outcomeApplied, append(evs, resEvs...)
+}
+
+// retryJob reopens failed job cp at sig.From, or at the step that failed:
+// every step's run count goes back by one, so that the next run of a step
+// the job had reached is its last run again, under the same idempotency
+// key (the ledger answers an effect already confirmed with its recorded
+// result, and one refused or never made is performed); the step it goes
+// on from gets a fresh retry budget. Attempt numbers go on, so message
+// ids stay unique.
+func retryJob(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now time.Time) []event {
+	from := sig.From
+	if from == "" && cp.Error != nil {
+		from = cp.Error.Step
+	}
+	if from == "" || c.def.Step(from) == nil {
+		return nil
+	}
+	if cp.Steps == nil {
+		cp.Steps = map[string]*schemas.StepRecord{}
+	}
+	for i := range c.def.Steps {
+		if cp.Completed.Has(i) {
+			stepRecord(c, cp, c.def.Steps[i].ID)
+		}
+	}
+	for _, rec := range cp.Steps {
+		rec.Runs, rec.RunAttempt = max(0, rec.Runs-1), 0
+		if rec.Status != schemas.StepCompleted {
+			rec.Status, rec.LastError = schemas.StepPending, nil
+		}
+	}
+	prev := cp.Error
+	cp.Status, cp.Error, cp.CompletedAt = schemas.JobRunning, nil, nil
+	cp.Current, cp.Fan, cp.Blocked = nil, nil, nil
+	cp.Retries++
+	if sig.IndexRev != 0 {
+		cp.IndexRev = sig.IndexRev
+	}
+	why := "after " + string(prev.Code)
+	if prev.Message != "" {
+		why += ": " + excerpt(prev.Message, 200)
+	}
+	if sig.Reason != "" {
+		why = sig.Reason + " (" + why + ")"
+	}
+	evs := []event{{typ: schemas.EventJobRetried, data: schemas.HistoryData{Job: cp.JobID, Step: from, By: sig.By, Reason: why, Status: string(schemas.JobRunning)}}}
+	return append(evs, dispatchOrStop(c, cp, from, true, time.Time{}, now)...)
+}
+
+// unheld returns the dispatches of ds that are not held.
+func unheld(ds []*schemas.Dispatch) []*schemas.Dispatch {
+	return slices.DeleteFunc(ds, func(d *schemas.Dispatch) bool { return d.Held })
+}
+
+// heldOrReleased marks the new dispatches of next Held while it is paused,
+// and returns what to publish: the new dispatches that are not held, and
+// those engine resume released.
+func heldOrReleased(base, next *schemas.Checkpoint, sends []*schemas.Dispatch) []*schemas.Dispatch {
+	if next.Paused != nil {
+		out := sends[:0:0]
+		for _, d := range sends {
+			if d.Gate != "" {
+				out = append(out, d) // a gate sends nothing but its expiry timer
+				continue
+			}
+			d.Held = true
+		}
+		return out
+	}
+	if base == nil || base.Paused == nil {
+		return sends
+	}
+	held := map[string]bool{}
+	for _, d := range base.Dispatches() {
+		if d.Held {
+			held[d.MsgID] = true
+		}
+	}
+	for _, d := range next.Dispatches() {
+		if held[d.MsgID] && !d.Held && !slices.Contains(sends, d) {
+			sends = append(sends, d)
+		}
+	}
+	return sends
+}

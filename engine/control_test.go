@@ -1,0 +1,393 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/waymark-dev/waymark/engine/client"
+	"github.com/waymark-dev/waymark/kv"
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+const gatedCharge = `
+name: gated
+version: 1
+input_schema: {type: object, required: [customer, amount], properties: {customer: {type: string}, amount: {type: number}}}
+steps:
+  - id: quote
+    kind: noop
+    save_as: quote
+    next: [{to: approve}]
+  - id: approve
+    kind: approval
+    save_as: approval
+    with:
+      action: "charge {{.state.amount}} EUR to {{.state.customer}}"
+      approvers: [alice]
+      expires_in: 1h
+    next: [{to: charge}]
+  - id: charge
+    kind: noop
+    effect: idempotent
+    save_as: charge
+`
+
+func ctx30(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+// TestApprovalGate: the job stops in waiting_approval with the rendered
+// action, its digest and expiry; a decision by someone not named, for
+// another gate, or for another digest is refused and changes nothing;
+// the approval lets the job go on, with the decision in state and
+// history; the same approval again answers "already decided".
+func TestApprovalGate(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	id := b.start(b.define(gatedCharge), `{"customer": "C1", "amount": 40}`, "gate-1")
+	b.nextOf(id, ch).reply(json.RawMessage(`{"price": 40}`), nil)
+	v := b.wait(id)
+	if v.Status != schemas.JobWaitingApproval || len(v.Approvals) != 1 {
+		t.Fatalf("status %s approvals %+v", v.Status, v.Approvals)
+	}
+	a := v.Approvals[0]
+	if a.Gate != "approve" || a.ID != "approve/1" || a.Status != schemas.ApprovalPending || a.Action != "charge 40 EUR to C1" ||
+		len(a.Digest) != 64 || a.ExpiresAt == nil || a.ExpiresAt.Sub(a.RequestedAt) != time.Hour {
+		t.Fatalf("approval %+v", a)
+	}
+	c := ctx30(t)
+	for _, tc := range []struct {
+		gate string
+		r    client.ControlRequest
+		want error
+	}{
+		{"approve", client.ControlRequest{By: "bob"}, client.ErrNotApprover},
+		{"charge", client.ControlRequest{By: "alice"}, client.ErrNoSuchGate},
+		{"approve", client.ControlRequest{By: "alice", Digest: strings.Repeat("0", 64)}, client.ErrDigestMismatch},
+	} {
+		if _, err := b.client.Approve(c, id, tc.gate, tc.r); !errors.Is(err, tc.want) {
+			t.Errorf("approve %s by %s: %v, want %v", tc.gate, tc.r.By, err, tc.want)
+		}
+	}
+	if v, _ := b.client.Job(c, id); v.Status != schemas.JobWaitingApproval || v.Approvals[0].Status != schemas.ApprovalPending {
+		t.Fatalf("a refused decision changed the job: %s %+v", v.Status, v.Approvals[0])
+	}
+	got, err := b.client.Approve(c, id, "approve", client.ControlRequest{By: "alice", Reason: "quote checked", Digest: a.Digest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Approvals[0].Status != schemas.ApprovalApproved || got.Approvals[0].DecidedBy != "alice" || got.Approvals[0].Reason != "quote checked" {
+		t.Fatalf("decided %+v", got.Approvals[0])
+	}
+	h := b.nextOf(id, ch)
+	if h.sm.Step != "charge" {
+		t.Fatalf("dispatched %s after the approval", h.sm.Step)
+	}
+	var st struct {
+		Approval schemas.ApprovalOutput `json:"approval"`
+	}
+	if err := json.Unmarshal(h.sm.State, &st); err != nil || !st.Approval.Approved || st.Approval.By != "alice" || st.Approval.Digest != a.Digest {
+		t.Fatalf("state the charge sees: %s (%v)", h.sm.State, err)
+	}
+	if _, err := b.client.Approve(c, id, "approve", client.ControlRequest{By: "alice"}); !errors.Is(err, client.ErrAlreadyDecided) {
+		t.Fatalf("second approval: %v", err)
+	}
+	h.reply(json.RawMessage(`{"charged": true}`), nil)
+	if v := b.wait(id); v.Status != schemas.JobCompleted {
+		t.Fatalf("status %s %+v", v.Status, v.Error)
+	}
+	evs, err := b.client.History(c, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var requested, decided int
+	for _, e := range evs {
+		switch e.Type {
+		case schemas.EventApprovalRequested:
+			requested++
+		case schemas.EventApprovalDecided:
+			decided++
+			if e.Data.Approval == nil || e.Data.Approval.Status != schemas.ApprovalApproved || e.Data.By != "alice" {
+				t.Errorf("decided event %+v", e.Data)
+			}
+		}
+	}
+	if requested != 1 || decided != 1 {
+		t.Errorf("approval events: %d requested, %d decided", requested, decided)
+	}
+}
+
+// TestApprovalRejected: a rejection fails the gate's step with code
+// approval_rejected and the job with it (no on_error), with who and why.
+func TestApprovalRejected(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	id := b.start(b.define(gatedCharge), `{"customer": "C1", "amount": 400}`, "gate-reject")
+	b.nextOf(id, ch).reply(json.RawMessage(`{}`), nil)
+	b.wait(id)
+	v, err := b.client.Reject(ctx30(t), id, "approve", client.ControlRequest{By: "alice", Reason: "too much"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v = b.wait(id)
+	if v.Status != schemas.JobFailed || v.Error == nil || v.Error.Code != schemas.CodeApprovalRejected || !strings.Contains(v.Error.Message, "rejected by alice: too much") {
+		t.Fatalf("status %s error %+v", v.Status, v.Error)
+	}
+}
+
+// TestApprovalExpiresOnItsTimer: a gate nobody decides expires on its
+// durable timer: the job follows the step's on_error (here to a step that
+// records it); a decision after that answers "already decided".
+func TestApprovalExpiresOnItsTimer(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	def := b.define(`
+name: expiring
+version: 1
+steps:
+  - id: approve
+    kind: approval
+    with: {action: "ship it", expires_in: 1s}
+    on_error: expired
+    next: [{to: ship}]
+  - {id: ship, kind: noop}
+  - {id: expired, kind: noop, save_as: expired}
+`)
+	id := b.start(def, `{}`, "gate-expire")
+	h := b.nextOf(id, ch)
+	if h.sm.Step != "expired" {
+		t.Fatalf("dispatched %s", h.sm.Step)
+	}
+	v, err := b.client.Job(ctx30(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := v.Approvals[0]
+	if a.Status != schemas.ApprovalExpired || a.DecidedAt == nil || a.DecidedAt.Before(*a.ExpiresAt) {
+		t.Fatalf("approval %+v", a)
+	}
+	if s := stepOf(v, "approve"); s.Status != schemas.StepFailed || s.LastError == nil || s.LastError.Code != schemas.CodeApprovalExpired {
+		t.Fatalf("gate step %+v", s)
+	}
+	if _, err := b.client.Approve(ctx30(t), id, "approve", client.ControlRequest{By: "late"}); !errors.Is(err, client.ErrAlreadyDecided) {
+		t.Fatalf("approval after the expiry: %v", err)
+	}
+	h.reply(json.RawMessage(`{}`), nil)
+	if v := b.wait(id); v.Status != schemas.JobCompleted {
+		t.Fatalf("status %s", v.Status)
+	}
+}
+
+// TestApprovalRacingItsExpiry: an approval that reaches the engine after
+// the gate's expiry by the engine's clock, before the expiry timer did,
+// is refused: the gate expires then, and the caller is told.
+func TestApprovalRacingItsExpiry(t *testing.T) {
+	t.Parallel()
+	var skew atomic.Int64
+	b := setup(t, setupOptions{engine: Config{Now: func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }}})
+	b.manualWorker()
+	id := b.start(b.define(`
+name: racing
+version: 1
+steps:
+  - {id: approve, kind: approval, with: {expires_in: 1h}}
+`), `{}`, "gate-race")
+	if v := b.wait(id); v.Status != schemas.JobWaitingApproval {
+		t.Fatalf("status %s", v.Status)
+	}
+	skew.Store(int64(2 * time.Hour)) // the engine's clock is past the expiry; the timer is not due
+	v, err := b.client.Approve(ctx30(t), id, "approve", client.ControlRequest{By: "alice"})
+	if !errors.Is(err, client.ErrApprovalExpired) || v == nil {
+		t.Fatalf("approval after the expiry: %v", err)
+	}
+	if v := b.wait(id); v.Status != schemas.JobFailed || v.Error.Code != schemas.CodeApprovalExpired || v.Approvals[0].Status != schemas.ApprovalExpired {
+		t.Fatalf("status %s error %+v approval %+v", v.Status, v.Error, v.Approvals[0])
+	}
+}
+
+// TestRequiresApprovalGuardsAStep: a step with requires_approval is not
+// dispatched until approved; the gate's action names the step's effect key
+// and the approved run's first attempt carries that key.
+func TestRequiresApprovalGuardsAStep(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	id := b.start(b.define(`
+name: guarded
+version: 1
+steps:
+  - id: send
+    kind: noop
+    effect: unsafe
+    requires_approval: {approvers: [ops]}
+`), `{}`, "guarded-1")
+	v := b.wait(id)
+	if v.Status != schemas.JobWaitingApproval || len(v.Approvals) != 1 || !strings.Contains(v.Approvals[0].Action, "run step send (effect ") {
+		t.Fatalf("status %s approvals %+v", v.Status, v.Approvals)
+	}
+	select {
+	case h := <-ch:
+		t.Fatalf("step %s dispatched before its approval", h.sm.Step)
+	default:
+	}
+	if _, err := b.client.Approve(ctx30(t), id, "send", client.ControlRequest{By: "ops"}); err != nil {
+		t.Fatal(err)
+	}
+	h := b.nextOf(id, ch)
+	if h.sm.Step != "send" || h.sm.RunAttempt != 1 || !strings.Contains(v.Approvals[0].Action, h.sm.EffectKey) {
+		t.Fatalf("dispatched %s run attempt %d key %s", h.sm.Step, h.sm.RunAttempt, h.sm.EffectKey)
+	}
+	h.reply(json.RawMessage(`{}`), nil)
+	if v := b.wait(id); v.Status != schemas.JobCompleted {
+		t.Fatalf("status %s", v.Status)
+	}
+}
+
+// TestPauseHoldsDispatchesUntilResume: a paused job's running step
+// finishes and its result applies; the next step is recorded held and
+// sent only on resume.
+func TestPauseHoldsDispatchesUntilResume(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	id := b.start(b.define(agentLessChain), `{}`, "pause-1")
+	h := b.nextOf(id, ch)
+	c := ctx30(t)
+	v, err := b.client.Pause(c, id, client.ControlRequest{By: "ops", Reason: "vendor outage"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Paused == nil || v.Paused.By != "ops" {
+		t.Fatalf("paused %+v", v.Paused)
+	}
+	if _, err := b.client.Pause(c, id, client.ControlRequest{By: "ops"}); !errors.Is(err, client.ErrNotApplicable) {
+		t.Fatalf("second pause: %v", err)
+	}
+	h.reply(json.RawMessage(`{}`), nil)
+	var held *schemas.Dispatch
+	err = b.store.Checkpoints.Watch(c, id, func(e kv.Entry, err error) bool {
+		if err == nil && e.Checkpoint.Current != nil && e.Checkpoint.Current.Step == "two" {
+			held = e.Checkpoint.Current
+			return false
+		}
+		return true
+	})
+	if err != nil || held == nil || !held.Held {
+		t.Fatalf("step two after the pause: %+v %v", held, err)
+	}
+	select {
+	case h := <-ch:
+		t.Fatalf("step %s sent while paused", h.sm.Step)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if _, err := b.client.Resume(c, id, client.ControlRequest{By: "ops"}); err != nil {
+		t.Fatal(err)
+	}
+	h = b.nextOf(id, ch)
+	if h.sm.Step != "two" {
+		t.Fatalf("sent %s on resume", h.sm.Step)
+	}
+	h.reply(json.RawMessage(`{}`), nil)
+	if v := b.wait(id); v.Status != schemas.JobCompleted || v.Paused != nil {
+		t.Fatalf("status %s paused %+v", v.Status, v.Paused)
+	}
+}
+
+// TestRetryGoesOnFromTheFailedStep: a failed job retried goes on from the
+// failed step under a new attempt with the same effect key; retried from
+// an earlier step, that step's effect key is its first run's too, so a
+// confirmed effect would answer from the ledger.
+func TestRetryGoesOnFromTheFailedStep(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	id := b.start(b.define(`
+name: retried
+version: 1
+defaults: {retry: {max_attempts: 1}}
+steps:
+  - {id: charge, kind: noop, effect: idempotent, save_as: charge, next: [{to: mail}]}
+  - {id: mail, kind: noop, effect: idempotent, save_as: mail}
+`), `{}`, "retry-1")
+	first := b.nextOf(id, ch)
+	first.reply(json.RawMessage(`{"ok": 1}`), nil)
+	mail := b.nextOf(id, ch)
+	mail.reply(nil, &schemas.Error{Code: schemas.CodeProvider, Message: "mail server down"})
+	if v := b.wait(id); v.Status != schemas.JobFailed {
+		t.Fatalf("status %s", v.Status)
+	}
+	c := ctx30(t)
+	if _, err := b.client.Retry(c, id, client.ControlRequest{By: "ops", From: "nope"}); err == nil || !strings.Contains(err.Error(), `from "nope" is not a step`) {
+		t.Fatalf("retry from an unknown step: %v", err)
+	}
+	v, err := b.client.Retry(c, id, client.ControlRequest{By: "ops", Reason: "mail server back"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Status != schemas.JobRunning || v.Retries != 1 || v.Error != nil {
+		t.Fatalf("after retry: status %s retries %d error %+v", v.Status, v.Retries, v.Error)
+	}
+	again := b.nextOf(id, ch)
+	if again.sm.Step != "mail" || again.sm.EffectKey != mail.sm.EffectKey || again.sm.Attempt <= mail.sm.Attempt || again.sm.RunAttempt != 1 {
+		t.Fatalf("retried %s attempt %d/%d key %s (was %d, %s)", again.sm.Step, again.sm.Attempt, again.sm.RunAttempt, again.sm.EffectKey, mail.sm.Attempt, mail.sm.EffectKey)
+	}
+	again.reply(nil, &schemas.Error{Code: schemas.CodeProvider, Message: "down again"})
+	if v := b.wait(id); v.Status != schemas.JobFailed {
+		t.Fatalf("status %s", v.Status)
+	}
+	if _, err := b.client.Retry(c, id, client.ControlRequest{By: "ops", From: "charge"}); err != nil {
+		t.Fatal(err)
+	}
+	h := b.nextOf(id, ch)
+	if h.sm.Step != "charge" || h.sm.EffectKey != first.sm.EffectKey {
+		t.Fatalf("retried from charge: %s key %s, first %s", h.sm.Step, h.sm.EffectKey, first.sm.EffectKey)
+	}
+	h.reply(json.RawMessage(`{"ok": 1}`), nil)
+	h = b.nextOf(id, ch)
+	if h.sm.EffectKey != mail.sm.EffectKey {
+		t.Fatalf("mail key %s, was %s", h.sm.EffectKey, mail.sm.EffectKey)
+	}
+	h.reply(json.RawMessage(`{}`), nil)
+	if v := b.wait(id); v.Status != schemas.JobCompleted || v.Retries != 2 {
+		t.Fatalf("status %s retries %d", v.Status, v.Retries)
+	}
+	if _, err := b.client.Retry(c, id, client.ControlRequest{By: "ops"}); !errors.Is(err, client.ErrNotApplicable) {
+		t.Fatalf("retry of a completed job: %v", err)
+	}
+	if page, err := b.client.List(c, client.ListFilter{Status: schemas.JobCompleted}); err != nil || len(page.Jobs) != 1 {
+		t.Fatalf("completed jobs listed: %+v %v", page, err)
+	}
+}
+
+// TestSleepStepWaitsForItsTimer: a sleep step completes when its durable
+// timer fires, not before.
+func TestSleepStepWaitsForItsTimer(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	id := b.start(b.define(`
+name: sleeper
+version: 1
+steps:
+  - {id: nap, kind: sleep, with: {for: 1s}, save_as: nap}
+`), `{}`, "sleep-1")
+	v := b.wait(id)
+	if v.Status != schemas.JobCompleted {
+		t.Fatalf("status %s", v.Status)
+	}
+	if v.CompletedAt.Sub(v.CreatedAt) < time.Second {
+		t.Fatalf("completed %v after its start, before its timer", v.CompletedAt.Sub(v.CreatedAt))
+	}
+	if string(v.State) != `{"nap":{"slept_ms":1000}}` {
+		t.Fatalf("state %s", v.State)
+	}
+}

@@ -1,0 +1,272 @@
+package schemas
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"text/template"
+	"time"
+)
+
+// Step kinds the engine performs while a job waits: no worker runs them.
+const (
+	// KindApproval stops the job in JobWaitingApproval until a person
+	// approves or rejects the action its settings describe
+	// (ApprovalSettings); approved, its output is an ApprovalOutput.
+	KindApproval = "approval"
+	// KindSleep waits for a duration (SleepSettings) on a durable timer (a
+	// JetStream message schedule): a timer due while every engine was down
+	// fires once, after restart. Its output is {"slept_ms": N}.
+	KindSleep = "sleep"
+)
+
+// ApprovalSettings are the with settings of an approval step, and the
+// value of requires_approval on a step that performs an effect.
+type ApprovalSettings struct {
+	// Action is what the approver is asked to allow: a text/template over
+	// .state, .vars, .job and .step (the functions of idempotency_key),
+	// rendered by the engine when the gate opens. Empty: "run step S".
+	Action string `json:"action,omitempty"`
+	// Data is the dotted state path of the value the approval binds to,
+	// besides the action: its digest covers both. Empty: the whole state.
+	Data string `json:"data,omitempty"`
+	// Approvers are who may decide (the by of approve and reject); empty:
+	// anyone who can reach the job.
+	Approvers []string `json:"approvers,omitempty"`
+	// ExpiresIn is how long the gate stays open (0: until decided). Past
+	// it the gate expires: the step fails with CodeApprovalExpired and the
+	// job follows the step's on_error, or fails.
+	ExpiresIn Duration `json:"expires_in,omitempty"`
+}
+
+// SleepSettings are the with settings of a sleep step.
+type SleepSettings struct {
+	For Duration `json:"for"` // how long, from the step's dispatch; at least 1s
+}
+
+// ApprovalOf decodes the settings of approval step s (its with), or of a
+// step's requires_approval; errors name the step.
+func ApprovalOf(s *Step) (*ApprovalSettings, error) {
+	if s.Kind != KindApproval {
+		return s.RequiresApproval, nil
+	}
+	a := new(ApprovalSettings)
+	if len(s.With) == 0 {
+		return a, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(s.With))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(a); err != nil {
+		return nil, fmt.Errorf("step %s: with: %w", s.ID, err)
+	}
+	return a, nil
+}
+
+// SleepOf decodes the settings of sleep step s; errors name the step.
+func SleepOf(s *Step) (SleepSettings, error) {
+	var z SleepSettings
+	dec := json.NewDecoder(bytes.NewReader(s.With))
+	dec.DisallowUnknownFields()
+	if len(s.With) == 0 {
+		return z, fmt.Errorf("step %s: a sleep step needs with.for (a duration such as 15m)", s.ID)
+	}
+	if err := dec.Decode(&z); err != nil {
+		return z, fmt.Errorf("step %s: with: %w", s.ID, err)
+	}
+	if time.Duration(z.For) < time.Second {
+		return z, fmt.Errorf("step %s: with.for is %v: a sleep lasts at least 1s (the timer's resolution)", s.ID, time.Duration(z.For))
+	}
+	return z, nil
+}
+
+// ParseApprovalAction parses an approval's action template; nil when empty.
+func ParseApprovalAction(stepID, text string) (*template.Template, error) {
+	if text == "" {
+		return nil, nil
+	}
+	t, err := template.New(stepID + ".action").Option("missingkey=error").Funcs(effectKeyFuncs()).Parse(text)
+	if err != nil && strings.Contains(err.Error(), `function "secret" not defined`) {
+		return nil, fmt.Errorf("template %s.action: {{secret}} is not allowed here: an approval's action is stored and shown to people", stepID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("action: %w", err)
+	}
+	return t, nil
+}
+
+// RenderTemplate renders t (an idempotency_key or approval action
+// template) over .state (decoded from state), .vars, .job and .step. It
+// returns the decode or execution error.
+func RenderTemplate(t *template.Template, job, step string, state json.RawMessage, vars map[string]string) (string, error) {
+	var doc map[string]any
+	if len(state) > 0 {
+		if err := json.Unmarshal(state, &doc); err != nil {
+			return "", fmt.Errorf("decode state: %w", err)
+		}
+	}
+	if doc == nil {
+		doc = map[string]any{}
+	}
+	var b strings.Builder
+	if err := t.Execute(&b, map[string]any{"state": doc, "vars": vars, "job": job, "step": step}); err != nil {
+		return "", err
+	}
+	return b.String(), nil
+}
+
+// checkControls reports what is wrong with the approval and sleep steps
+// of d and with requires_approval settings.
+func checkControls(d *Definition) []Problem {
+	var ps []Problem
+	add := func(path, format string, args ...any) {
+		ps = append(ps, Problem{Path: path, Message: fmt.Sprintf(format, args...)})
+	}
+	branch := map[string]string{}
+	for _, s := range d.Steps {
+		for _, b := range s.Branches {
+			branch[b] = s.ID
+		}
+	}
+	for i := range d.Steps {
+		s := &d.Steps[i]
+		base := fmt.Sprintf("/steps/%d", i)
+		gate := s.Kind == KindApproval || s.RequiresApproval != nil
+		what := "an approval step"
+		switch {
+		case s.Kind == KindSleep:
+			what = "a sleep step"
+			if _, err := SleepOf(s); err != nil {
+				add(base+"/with", "%v", err)
+			}
+		case s.Kind == KindApproval && s.RequiresApproval != nil:
+			add(base+"/requires_approval", "an approval step is a gate already; requires_approval is for steps that do something")
+		case s.RequiresApproval != nil:
+			what = "a step with requires_approval"
+			if EngineKind(s.Kind) || s.Kind == KindAgent {
+				add(base+"/requires_approval", "requires_approval is for steps a worker runs, not %s steps", s.Kind)
+			}
+		}
+		if !gate && s.Kind != KindSleep {
+			continue
+		}
+		if p := branch[s.ID]; p != "" {
+			add(base, "%s cannot be a branch of parallel step %q (a branch's gate or timer is not supported yet); put it before or after the parallel step", what, p)
+		}
+		if s.ForEach != nil {
+			add(base+"/for_each", "%s cannot be a map", what)
+		}
+		if (s.Kind == KindApproval || s.Kind == KindSleep) && s.IdempotencyKey != "" {
+			add(base+"/idempotency_key", "%s performs no effect: it has no idempotency key", what)
+		}
+		if !gate {
+			continue
+		}
+		set, err := ApprovalOf(s)
+		if err != nil {
+			add(base+"/with", "%v", err)
+			continue
+		}
+		at := base + "/with"
+		if s.Kind != KindApproval {
+			at = base + "/requires_approval"
+		}
+		if _, err := ParseApprovalAction(s.ID, set.Action); err != nil {
+			add(at+"/action", "%v", err)
+		}
+		if set.ExpiresIn < 0 {
+			add(at+"/expires_in", "expires_in is %v: want a positive duration, or none (open until decided)", time.Duration(set.ExpiresIn))
+		}
+		for j, a := range set.Approvers {
+			if strings.TrimSpace(a) == "" {
+				add(fmt.Sprintf("%s/approvers/%d", at, j), "an approver's name is empty")
+			}
+		}
+	}
+	return ps
+}
+
+// EngineKind reports whether steps of kind are performed by the engine
+// (parallel, workflow, approval, sleep): no worker pool runs them.
+func EngineKind(kind string) bool {
+	switch kind {
+	case KindParallel, KindWorkflow, KindApproval, KindSleep:
+		return true
+	}
+	return false
+}
+
+// ApprovalStatus is where an approval gate stands.
+type ApprovalStatus string
+
+// Approval statuses; all but ApprovalPending are final.
+const (
+	ApprovalPending  ApprovalStatus = "pending"
+	ApprovalApproved ApprovalStatus = "approved"
+	ApprovalRejected ApprovalStatus = "rejected"
+	ApprovalExpired  ApprovalStatus = "expired"
+)
+
+// Approval is one gate of a job: the exact action proposed, who may
+// decide, until when, and the decision once made. Gate is the step id;
+// ID is "<gate>/<run>", unique within the job. Digest is the hex SHA-256
+// of the canonical JSON {gate, action, data, with, effect_key}: an
+// approve or reject naming another digest is refused, so a changed
+// action needs a new approval (the seeds' "save exactly what was
+// approved, its scope, and an expiry"). Data is a copy of the bound
+// value when it is at most 2 KiB (a larger one is bound by the digest
+// alone).
+type Approval struct {
+	ID          string          `json:"id"`
+	Gate        string          `json:"gate"`
+	Run         int             `json:"run"`
+	Digest      string          `json:"digest"`
+	Action      string          `json:"action"`
+	Data        json.RawMessage `json:"data,omitempty"`
+	Approvers   []string        `json:"approvers,omitempty"`
+	Status      ApprovalStatus  `json:"status"`
+	RequestedAt time.Time       `json:"requested_at"`
+	ExpiresAt   *time.Time      `json:"expires_at,omitempty"`
+	DecidedBy   string          `json:"decided_by,omitempty"`
+	DecidedAt   *time.Time      `json:"decided_at,omitempty"`
+	Reason      string          `json:"reason,omitempty"`
+}
+
+// ApprovalOutput is an approval step's output, and what the step a
+// requires_approval gate guarded carries to its worker.
+type ApprovalOutput struct {
+	Approved  bool      `json:"approved"`
+	By        string    `json:"by"`
+	Reason    string    `json:"reason,omitempty"`
+	Digest    string    `json:"digest"`
+	DecidedAt time.Time `json:"decided_at"`
+}
+
+// Pause records that a person paused a job: running steps finish,
+// nothing new is dispatched (new dispatches are recorded Held) until
+// resumed.
+type Pause struct {
+	By     string    `json:"by"`
+	Reason string    `json:"reason,omitempty"`
+	At     time.Time `json:"at"`
+}
+
+// PendingApproval returns cp's pending approval of gate, or nil.
+func (cp *Checkpoint) PendingApproval(gate string) *Approval {
+	for _, a := range cp.Approvals {
+		if a.Gate == gate && a.Status == ApprovalPending {
+			return a
+		}
+	}
+	return nil
+}
+
+// ApprovalByID returns cp's approval with id, or nil.
+func (cp *Checkpoint) ApprovalByID(id string) *Approval {
+	for _, a := range cp.Approvals {
+		if a.ID == id {
+			return a
+		}
+	}
+	return nil
+}
