@@ -234,6 +234,7 @@ func TestOpenCreatesLayout(t *testing.T) {
 		{n.InboxStream, []string{"wmtest.inbox.*.*"}, jetstream.WorkQueuePolicy, 0},
 		{n.HistoryStream, []string{"wmtest.history.*", "wmtest.history.*.effects"}, jetstream.LimitsPolicy, 48 * time.Hour},
 		{n.EpochStream, []string{"wmtest.queue_epoch"}, jetstream.LimitsPolicy, 0},
+		{n.TimerStream, []string{"wmtest.timer.set.*.*", "wmtest.timer.due.*"}, jetstream.WorkQueuePolicy, 0},
 	}
 	for _, s := range streams {
 		c := streamConfig(t, b.js, s.name)
@@ -251,8 +252,8 @@ func TestOpenCreatesLayout(t *testing.T) {
 			t.Errorf("bucket %s: history %d, max value %d, storage %v", bucket, c.MaxMsgsPerSubject, c.MaxMsgSize, c.Storage)
 		}
 	}
-	if got := streamNames(t, b.js); len(got) != 10 {
-		t.Errorf("streams = %v, want 4 streams, 5 buckets and the value bucket", got)
+	if got := streamNames(t, b.js); len(got) != 11 {
+		t.Errorf("streams = %v, want 5 streams, 5 buckets and the value bucket", got)
 	}
 
 	eng := consumerInfo(t, b.js, n.InboxStream, n.EngineConsumer).Config
