@@ -30,6 +30,12 @@ const MaxRequestBytes = 8 << 20
 //	GET  /v1/jobs/{id}              → the job record
 //	GET  /v1/jobs/{id}/history      → {"events": [...]}
 //	POST /v1/jobs/{id}/cancel       {"by", "reason"?} → the cancelled job's record; 409 and its record when it had ended; 202 when no engine recorded it within 30 s
+//	POST /v1/jobs/{id}/pause        {"by", "reason"?} → the record once paused; 409 when it ended or is paused already
+//	POST /v1/jobs/{id}/resume       {"by", "reason"?} → the record once resumed; 409 when not paused
+//	POST /v1/jobs/{id}/retry        {"by", "reason"?, "from"?} → the record once reopened; 409 when it did not fail
+//	POST /v1/jobs/{id}/approvals/{gate}/approve  {"by", "reason"?, "digest"?} → the record once decided; 403 not an approver,
+//	POST /v1/jobs/{id}/approvals/{gate}/reject   404 no such gate, 409 already decided, changed digest or expired (with the record)
+//	     (these five answer 202 when no engine recorded the request within 30 s: it waits in the job's inbox)
 //	GET  /v1/effects?job=&state=    → {"effects": [...]} (state: prepared, dispatched, confirmed, ambiguous, reconciled)
 //	GET  /v1/effects/{key}          → one effect record (the key may contain '/')
 //	POST /v1/effects/resolve        {"key", "happened", "external_id"?, "result"?, "by", "note"?} → the reconciled record
@@ -57,6 +63,11 @@ func (a *API) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/jobs/{id}", a.getJob)
 	mux.HandleFunc("GET /v1/jobs/{id}/history", a.getHistory)
 	mux.HandleFunc("POST /v1/jobs/{id}/cancel", a.cancelJob)
+	mux.HandleFunc("POST /v1/jobs/{id}/pause", a.control("pause", a.Client.Pause))
+	mux.HandleFunc("POST /v1/jobs/{id}/resume", a.control("resume", a.Client.Resume))
+	mux.HandleFunc("POST /v1/jobs/{id}/retry", a.control("retry", a.Client.Retry))
+	mux.HandleFunc("POST /v1/jobs/{id}/approvals/{gate}/approve", a.decision("approve", a.Client.Approve))
+	mux.HandleFunc("POST /v1/jobs/{id}/approvals/{gate}/reject", a.decision("reject", a.Client.Reject))
 	mux.HandleFunc("GET /v1/effects", a.listEffects)
 	mux.HandleFunc("GET /v1/effects/{key...}", a.getEffect)
 	mux.HandleFunc("POST /v1/effects/resolve", a.resolveEffect)
@@ -120,8 +131,15 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status, body.Code = http.StatusConflict, schemas.CodeQuarantined
 	case errors.Is(err, schemas.ErrTooLarge):
 		status, body.Code = http.StatusRequestEntityTooLarge, schemas.CodeTooLarge
-	case errors.Is(err, client.ErrNotAmbiguous), errors.Is(err, schemas.ErrConflict):
+	case errors.Is(err, client.ErrNotAmbiguous), errors.Is(err, schemas.ErrConflict),
+		errors.Is(err, client.ErrNotApplicable), errors.Is(err, client.ErrAlreadyDecided), errors.Is(err, client.ErrDigestMismatch):
 		status, body.Code = http.StatusConflict, schemas.CodeConflict
+	case errors.Is(err, client.ErrApprovalExpired):
+		status, body.Code = http.StatusConflict, schemas.CodeApprovalExpired
+	case errors.Is(err, client.ErrNotApprover):
+		status, body.Code = http.StatusForbidden, "forbidden"
+	case errors.Is(err, client.ErrNoSuchGate):
+		status, body.Code = http.StatusNotFound, schemas.CodeNotFound
 	}
 	if status == http.StatusInternalServerError && a.Logger != nil {
 		a.Logger.Error("api", "method", r.Method, "path", r.URL.Path, "err", err)
@@ -292,7 +310,7 @@ func (a *API) startJob(w http.ResponseWriter, r *http.Request) {
 // jobStatuses and effectStates are the values the status and state
 // filters accept.
 var (
-	jobStatuses  = []schemas.JobStatus{schemas.JobPending, schemas.JobRunning, schemas.JobCompleted, schemas.JobFailed, schemas.JobCancelled, schemas.JobNeedsReconciliation, schemas.JobBlocked, schemas.JobQuarantined}
+	jobStatuses  = []schemas.JobStatus{schemas.JobPending, schemas.JobRunning, schemas.JobCompleted, schemas.JobFailed, schemas.JobCancelled, schemas.JobNeedsReconciliation, schemas.JobBlocked, schemas.JobQuarantined, schemas.JobWaitingApproval}
 	effectStates = []schemas.EffectState{schemas.EffectPrepared, schemas.EffectDispatched, schemas.EffectConfirmed, schemas.EffectAmbiguous, schemas.EffectReconciled}
 )
 
@@ -386,6 +404,67 @@ func (a *API) cancelJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, v)
+}
+
+// control serves a control request (pause, resume, retry): the body is a
+// client.ControlRequest; from only for retry.
+func (a *API) control(op string, call func(context.Context, string, client.ControlRequest) (*client.JobView, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		a.controlWith(w, r, op, func(ctx context.Context, id string, req client.ControlRequest) (*client.JobView, error) {
+			if req.Digest != "" || (req.From != "" && op != "retry") {
+				return nil, schemas.Errorf(schemas.CodeInputInvalid, "%s job %s: only by and reason apply (from is for retry, digest for approve and reject)", op, id)
+			}
+			return call(ctx, id, req)
+		})
+	}
+}
+
+// decision serves approve and reject of the gate in the path.
+func (a *API) decision(op string, call func(context.Context, string, string, client.ControlRequest) (*client.JobView, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		gate := r.PathValue("gate")
+		a.controlWith(w, r, op, func(ctx context.Context, id string, req client.ControlRequest) (*client.JobView, error) {
+			if req.From != "" {
+				return nil, schemas.Errorf(schemas.CodeInputInvalid, "%s job %s: from is for retry", op, id)
+			}
+			return call(ctx, id, gate, req)
+		})
+	}
+}
+
+func (a *API) controlWith(w http.ResponseWriter, r *http.Request, op string, call func(context.Context, string, client.ControlRequest) (*client.JobView, error)) {
+	id := r.PathValue("id")
+	if err := client.ValidateJobID(id); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	data, err := readBody(w, r)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if err := schemas.CheckJSONText(data); err != nil {
+		a.fail(w, r, fmt.Errorf("request body: %w", err))
+		return
+	}
+	var req client.ControlRequest
+	if err := decodeStrict(data, &req); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	v, err := call(ctx, id, req)
+	switch {
+	case errors.Is(err, client.ErrControlPending) && r.Context().Err() == nil:
+		writeJSON(w, http.StatusAccepted, map[string]string{"job_id": id, "message": "no engine recorded the " + op + " within 30s: it waits in the job's inbox, and the next engine to run applies it"})
+	case errors.Is(err, client.ErrApprovalExpired) && v != nil:
+		writeJSON(w, http.StatusConflict, map[string]any{"error": apiError{Code: schemas.CodeApprovalExpired, Message: err.Error()}, "job": v})
+	case err != nil:
+		a.fail(w, r, err)
+	default:
+		writeJSON(w, http.StatusOK, v)
+	}
 }
 
 func (a *API) getHistory(w http.ResponseWriter, r *http.Request) {

@@ -175,7 +175,7 @@ func TestHTTPAPI(t *testing.T) {
 		{"GET", "/v1/jobs/absent/history", "", 404, "not_found", nil},
 		{"GET", "/v1/jobs?limit=0", "", 400, "input_invalid", nil},
 		{"GET", "/v1/jobs?status=bogus", "", 400, "input_invalid",
-			[]string{`status "bogus"`, "pending, running, completed, failed, cancelled, needs_reconciliation, blocked, quarantined"}},
+			[]string{`status "bogus"`, "pending, running, completed, failed, cancelled, needs_reconciliation, blocked, quarantined, waiting_approval"}},
 		{"GET", "/v1/effects?state=bogus", "", 400, "input_invalid",
 			[]string{`state "bogus"`, "prepared, dispatched, confirmed, ambiguous, reconciled"}},
 		{"POST", "/v1/effects/resolve", `{"key": "j/notify", "by": "a"}`, 400, "input_invalid", []string{"happened is required", "true", "false"}},
@@ -214,4 +214,81 @@ func TestHTTPAPI(t *testing.T) {
 func toJSON(v any) string {
 	b, _ := json.MarshalIndent(v, "", "  ")
 	return string(b)
+}
+
+// TestHTTPControlAndApprovals: approve and reject answer 403 for someone
+// not named, 404 for a gate the job does not have, 200 with the record
+// once decided and 409 when decided already; pause, resume and retry
+// answer 409 for a job they do not apply to and 400 for fields that are
+// not theirs.
+func TestHTTPControlAndApprovals(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	srv := httptest.NewServer((&api.API{Client: c, Checks: []schemas.CheckFunc{engine.Check}}).Handler())
+	t.Cleanup(srv.Close)
+	do := func(method, path, body string) (int, map[string]any) {
+		t.Helper()
+		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		var m map[string]any
+		if err := json.Unmarshal(raw, &m); err != nil {
+			t.Fatalf("%s %s: not JSON: %s", method, path, raw)
+		}
+		return resp.StatusCode, m
+	}
+	wf := "name: gated\nversion: 1\nsteps:\n  - {id: ok, kind: approval, with: {action: ship, approvers: [alice]}, next: [{to: ship}]}\n  - {id: ship, kind: noop}\n"
+	if code, m := do("POST", "/v1/workflows", wf); code != http.StatusCreated {
+		t.Fatalf("store workflow: %d %v", code, m)
+	}
+	if code, m := do("POST", "/v1/jobs", `{"workflow": "gated", "input": {}, "job_id": "api-gate"}`); code != http.StatusCreated {
+		t.Fatalf("start: %d %v", code, m)
+	}
+	var m map[string]any
+	testsupport.Eventually(t, 20*time.Second, func() bool {
+		_, m = do("GET", "/v1/jobs/api-gate", "")
+		return m["status"] == string(schemas.JobWaitingApproval)
+	}, "job never waited for its approval: %v", m)
+	gates, _ := m["approvals"].([]any)
+	if len(gates) != 1 || gates[0].(map[string]any)["gate"] != "ok" || gates[0].(map[string]any)["status"] != "pending" || len(gates[0].(map[string]any)["digest"].(string)) != 64 {
+		t.Fatalf("approvals %v", m["approvals"])
+	}
+	for _, tc := range []struct {
+		path, body string
+		want       int
+		code       string
+	}{
+		{"/v1/jobs/api-gate/approvals/ok/approve", `{"by": "bob"}`, 403, "forbidden"},
+		{"/v1/jobs/api-gate/approvals/ship/approve", `{"by": "alice"}`, 404, "not_found"},
+		{"/v1/jobs/api-gate/approvals/ok/approve", `{"by": "alice", "digest": "00"}`, 409, "conflict"},
+		{"/v1/jobs/api-gate/approvals/ok/approve", `{"by": "alice", "from": "x"}`, 400, "input_invalid"},
+		{"/v1/jobs/api-gate/resume", `{"by": "ops"}`, 409, "conflict"},
+		{"/v1/jobs/api-gate/retry", `{"by": "ops"}`, 409, "conflict"},
+		{"/v1/jobs/api-gate/pause", `{"by": "ops", "from": "ok"}`, 400, "input_invalid"},
+		{"/v1/jobs/api-gate/pause", `{}`, 400, "input_invalid"},
+		{"/v1/jobs/nobody/pause", `{"by": "ops"}`, 404, "not_found"},
+	} {
+		code, m := do("POST", tc.path, tc.body)
+		if e, _ := m["error"].(map[string]any); code != tc.want || e["code"] != tc.code {
+			t.Errorf("POST %s %s: %d %v, want %d %s", tc.path, tc.body, code, m, tc.want, tc.code)
+		}
+	}
+	code, m := do("POST", "/v1/jobs/api-gate/approvals/ok/approve", `{"by": "alice", "reason": "looks right"}`)
+	if code != http.StatusOK || m["approvals"].([]any)[0].(map[string]any)["status"] != "approved" {
+		t.Fatalf("approve: %d %v", code, m)
+	}
+	if code, m := do("POST", "/v1/jobs/api-gate/approvals/ok/reject", `{"by": "alice"}`); code != http.StatusConflict || !strings.Contains(toJSON(m), "already decided") {
+		t.Errorf("reject after approve: %d %v", code, m)
+	}
+	testsupport.Eventually(t, 20*time.Second, func() bool {
+		_, m = do("GET", "/v1/jobs/api-gate", "")
+		return m["status"] == string(schemas.JobCompleted)
+	}, "job never completed: %v", m)
+	if code, m := do("POST", "/v1/jobs/api-gate/pause", `{"by": "ops"}`); code != http.StatusConflict {
+		t.Errorf("pause of a completed job: %d %v", code, m)
+	}
 }

@@ -166,6 +166,24 @@ func printView(w io.Writer, v *client.JobView) {
 	if v.BlockedReason != "" {
 		fmt.Fprintf(w, "blocked   %s\n", oneLine(v.BlockedReason, 300))
 	}
+	if p := v.Paused; p != nil {
+		fmt.Fprintf(w, "paused    %s at %s", who(p.By, p.Reason), p.At.UTC().Format(time.RFC3339))
+		if v.Current != nil && v.Current.Held {
+			fmt.Fprintf(w, "; %s held until engine resume %s", v.Current.Step, v.ID)
+		}
+		fmt.Fprintln(w)
+	}
+	for _, line := range approvalLines(v) {
+		fmt.Fprintf(w, "approval  %s\n", oneLine(line, 400))
+	}
+	for _, a := range v.Approvals {
+		if a.Status == schemas.ApprovalPending {
+			fmt.Fprintf(w, "          decide: engine approve %s %s (or engine reject)\n", v.ID, a.Gate)
+		}
+	}
+	if v.Retries > 0 {
+		fmt.Fprintf(w, "retries   %d\n", v.Retries)
+	}
 	if v.ParentJob != "" {
 		fmt.Fprintf(w, "parent    %s (step %s)\n", v.ParentJob, v.ParentStep)
 	}
@@ -243,9 +261,9 @@ of the next one (--after); it reads the job index, not every checkpoint.`,
 			}
 			switch schemas.JobStatus(status) {
 			case "", schemas.JobPending, schemas.JobRunning, schemas.JobCompleted, schemas.JobFailed, schemas.JobCancelled, schemas.JobNeedsReconciliation,
-				schemas.JobBlocked, schemas.JobQuarantined:
+				schemas.JobBlocked, schemas.JobQuarantined, schemas.JobWaitingApproval:
 			default:
-				return &ExitError{Code: 2, Err: fmt.Errorf("--status %q: want pending, running, completed, failed, cancelled, needs_reconciliation, blocked or quarantined", status)}
+				return &ExitError{Code: 2, Err: fmt.Errorf("--status %q: want pending, running, completed, failed, cancelled, needs_reconciliation, blocked, quarantined or waiting_approval", status)}
 			}
 			if limit < 1 || limit > 10000 {
 				return &ExitError{Code: 2, Err: fmt.Errorf("--limit %d: want 1..10000", limit)}
@@ -282,7 +300,7 @@ of the next one (--after); it reads the job index, not every checkpoint.`,
 	}
 	fl := cmd.Flags()
 	fl.StringVarP(&output, "output", "o", "text", "text or json")
-	fl.StringVar(&status, "status", "", "only jobs with this status (pending, running, completed, failed, needs_reconciliation, blocked, quarantined)")
+	fl.StringVar(&status, "status", "", "only jobs with this status (pending, running, completed, failed, cancelled, needs_reconciliation, blocked, quarantined, waiting_approval)")
 	fl.StringVar(&workflow, "workflow", "", "only jobs of this workflow")
 	fl.IntVar(&limit, "limit", 100, "jobs per page (1..10000)")
 	fl.StringVar(&after, "after", "", "continue a listing: the cursor the previous page printed")

@@ -68,8 +68,9 @@ and finishes it instead of starting another.
 Bundled demo services named by the workflow ({{service "tickets"}}) start by
 themselves unless --service gives their URL. Exit status: 0 completed, 1 failed,
 2 bad input, 3 needs reconciliation (an effect's outcome is unknown: a person
-settles it with engine effects resolve), 130 interrupted (the job stays saved
-and resumes on the next run).`,
+settles it with engine effects resolve), 4 waiting for approval (a person
+decides with engine approve or engine reject), 130 interrupted (the job stays
+saved and resumes on the next run).`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runJob(cmd.Context(), g, &f, args[0], cmd.InOrStdin())
@@ -455,8 +456,42 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 			key = view.Blocked.EffectKey
 		}
 		return &ExitError{Code: 3, Err: fmt.Errorf("job %s needs reconciliation: the outcome of effect %s is unknown. Find out whether it happened, then %s", view.ID, key, resolveHint(g, f, key, len(st.services) > 0))}
+	case schemas.JobWaitingApproval:
+		var gate *schemas.Approval
+		for _, a := range view.Approvals {
+			if a.Status == schemas.ApprovalPending {
+				gate = a
+			}
+		}
+		if gate == nil {
+			return &ExitError{Code: 4, Err: fmt.Errorf("job %s waits for an approval", view.ID)}
+		}
+		return &ExitError{Code: 4, Err: fmt.Errorf("job %s waits for approval at gate %s: %s (digest %s). %s",
+			view.ID, gate.Gate, gate.Action, gate.Digest, approvalHint(g, f, view.ID, gate.Gate, len(st.services) > 0))}
 	}
 	return nil
+}
+
+// approvalHint tells how to decide a gate after engine run stopped at it:
+// as resolveHint, with engine approve and engine reject.
+func approvalHint(g *globals, f *runFlags, job, gate string, bundled bool) string {
+	var extra string
+	if g.prefix != kv.DefaultPrefix {
+		extra = " --prefix " + shellQuote(g.prefix)
+	}
+	serveFlags := extra
+	if bundled {
+		serveFlags += " --demo"
+	}
+	for _, svc := range f.steps.Services {
+		serveFlags += " --service " + shellQuote(svc)
+	}
+	decide := fmt.Sprintf("`engine approve %s %s%s` (or `engine reject`)", shellQuote(job), shellQuote(gate), extra)
+	if g.natsURL != "" {
+		return fmt.Sprintf("Decide with %s and --nats-url %s; a running engine goes on with the job", decide, shellQuote(g.natsURL))
+	}
+	return fmt.Sprintf("Start `engine serve --data-dir %s%s` (or point NATS_URL at your server), then decide with %s; the engine goes on with the job",
+		shellQuote(f.embedded.dataDir), serveFlags, decide)
 }
 
 // resolveHint tells how to settle an ambiguous effect after engine run
@@ -557,6 +592,25 @@ func printEvent(w io.Writer, h schemas.HistoryEvent) {
 		fmt.Fprintf(w, "  %-20s attempt %-3d effect %s%s\n", step, d.Attempt, strings.TrimPrefix(h.Type, "dev.waymark.effect."), ext)
 	case schemas.EventJobCancelled:
 		fmt.Fprintf(w, "  job cancelled: %s\n", oneLine(d.Reason, 300))
+	case schemas.EventApprovalRequested:
+		if a := d.Approval; a != nil {
+			fmt.Fprintf(w, "  %-20s waiting for approval: %s\n", d.Step, oneLine(a.Action, 200))
+		}
+	case schemas.EventApprovalDecided:
+		what := d.Status
+		if d.By != "" {
+			what += " by " + d.By
+		}
+		if d.Reason != "" {
+			what += ": " + oneLine(d.Reason, 200)
+		}
+		fmt.Fprintf(w, "  %-20s %s\n", d.Step, what)
+	case schemas.EventJobPaused:
+		fmt.Fprintf(w, "  job paused by %s\n", d.By)
+	case schemas.EventJobUnpaused:
+		fmt.Fprintf(w, "  job resumed by %s\n", d.By)
+	case schemas.EventJobRetried:
+		fmt.Fprintf(w, "  job retried from %s by %s\n", d.Step, d.By)
 	case schemas.EventJobFailed:
 		msg := ""
 		if d.Error != nil {

@@ -1,0 +1,379 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/waymark-dev/waymark/engine/client"
+	"github.com/waymark-dev/waymark/kv"
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// controlOp is one of the commands that act on jobs by id or, in bulk,
+// by filter: cancel, pause, resume, retry.
+type controlOp struct {
+	name, use, short, long string
+	// bulkStatus is the status a bulk form selects when --status is not
+	// given ("" : every job of the workflow).
+	bulkStatus schemas.JobStatus
+	// call acts on one job and says what it did ("" when nothing).
+	call func(ctx context.Context, c *client.Client, id string, r client.ControlRequest) (*client.JobView, string, error)
+	// applies says whether a job listed as s would be acted on (dry run).
+	applies func(s client.JobSummary) bool
+}
+
+func newControlCmd(g *globals, op controlOp) *cobra.Command {
+	var output, by, reason, from, workflow, status string
+	var timeout time.Duration
+	var dryRun bool
+	cmd := &cobra.Command{
+		Use:   op.use,
+		Short: op.short,
+		Long:  op.long,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 1 || (len(args) == 0 && workflow == "" && status == "") || (len(args) == 1 && (workflow != "" || status != "")) {
+				return &ExitError{Code: 2, Err: fmt.Errorf("name one job, or select jobs with --workflow and --status (usage: %s)", cmd.UseLine())}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			if by == "" {
+				by = whoami()
+			}
+			if timeout <= 0 {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--timeout %v: want a positive duration", timeout)}
+			}
+			if dryRun && len(args) == 1 {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--dry-run is for the bulk form (--workflow, --status)")}
+			}
+			req := client.ControlRequest{By: by, Reason: reason, From: from}
+			return g.withClient(cmd.Context(), func(c *client.Client, _ *kv.Store) error {
+				if len(args) == 1 {
+					return g.controlOne(cmd.Context(), c, op, args[0], req, timeout, output)
+				}
+				st := schemas.JobStatus(status)
+				if st == "" {
+					st = op.bulkStatus
+				}
+				return g.controlBulk(cmd.Context(), c, op, client.ListFilter{Workflow: workflow, Status: st}, req, timeout, dryRun, output)
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	cmd.Flags().StringVar(&by, "by", "", "who does it (default: the current user)")
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the record")
+	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for an engine to record it, per job")
+	cmd.Flags().StringVar(&workflow, "workflow", "", "bulk: the jobs of this workflow")
+	cmd.Flags().StringVar(&status, "status", "", "bulk: the jobs with this status"+map[bool]string{true: " (default " + string(op.bulkStatus) + ")", false: ""}[op.bulkStatus != ""])
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "bulk: list the jobs it would act on, act on none")
+	if op.name == "retry" {
+		cmd.Flags().StringVar(&from, "from", "", "the step to go on from (default: the step that failed)")
+	}
+	return cmd
+}
+
+// controlOne acts on job id and prints the outcome.
+func (g *globals) controlOne(ctx context.Context, c *client.Client, op controlOp, id string, req client.ControlRequest, timeout time.Duration, output string) error {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	v, done, err := op.call(cctx, c, id, req)
+	if err != nil {
+		return controlExit(op.name, id, timeout, err)
+	}
+	if output == "json" {
+		return printJSON(g.stdout, v)
+	}
+	fmt.Fprintf(g.stdout, "job %s %s\n", id, done)
+	return nil
+}
+
+// controlExit maps an error of op on job id to an exit status: 2 for bad
+// input, 130 when the request waits in the inbox past timeout, 1 else.
+func controlExit(op, id string, timeout time.Duration, err error) error {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) && (errors.Is(err, client.ErrControlPending) || errors.Is(err, client.ErrCancelPending)):
+		return &ExitError{Code: 130, Err: fmt.Errorf("--timeout %v passed before an engine recorded the %s of %s: it waits in the job's inbox, and the next engine to run applies it", timeout, op, id)}
+	case schemas.AsError(err).Code == schemas.CodeInputInvalid:
+		return &ExitError{Code: 2, Err: err}
+	}
+	return &ExitError{Code: 1, Err: err}
+}
+
+// controlBulk acts on every job f selects (or lists them, dryRun).
+func (g *globals) controlBulk(ctx context.Context, c *client.Client, op controlOp, f client.ListFilter, req client.ControlRequest, timeout time.Duration, dryRun bool, output string) error {
+	var jobs []client.JobSummary
+	for {
+		page, err := c.List(ctx, f)
+		if err != nil {
+			return controlExit(op.name, "the jobs selected", timeout, err)
+		}
+		jobs = append(jobs, page.Jobs...)
+		if page.Cursor == "" {
+			break
+		}
+		f.After = page.Cursor
+	}
+	type outcome struct {
+		Job    string `json:"job"`
+		Status string `json:"status"`
+		Done   string `json:"done,omitempty"`
+		Error  string `json:"error,omitempty"`
+	}
+	var out []outcome
+	failed := 0
+	for _, s := range jobs {
+		if dryRun {
+			if op.applies(s) {
+				out = append(out, outcome{Job: s.ID, Status: string(s.Status), Done: "would " + op.name})
+			}
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		v, done, err := op.call(cctx, c, s.ID, req)
+		cancel()
+		o := outcome{Job: s.ID, Status: string(s.Status), Done: done}
+		if v != nil {
+			o.Status = string(v.Status)
+		}
+		if err != nil {
+			if errors.Is(err, client.ErrNotApplicable) {
+				continue // changed since it was listed: not selected any more
+			}
+			o.Error, o.Done = err.Error(), ""
+			failed++
+		}
+		out = append(out, o)
+	}
+	if output == "json" {
+		if out == nil {
+			out = []outcome{}
+		}
+		if err := printJSON(g.stdout, map[string]any{"dry_run": dryRun, "jobs": out}); err != nil {
+			return err
+		}
+	} else {
+		for _, o := range out {
+			if o.Error != "" {
+				fmt.Fprintf(g.stdout, "%s: %s\n", o.Job, o.Error)
+				continue
+			}
+			fmt.Fprintf(g.stdout, "%s: %s\n", o.Job, o.Done)
+		}
+		verb := map[bool]string{true: "would be", false: "were"}[dryRun]
+		fmt.Fprintf(g.stdout, "%d of %d jobs selected %s acted on (%s)\n", len(out)-failed, len(jobs), verb, op.name)
+	}
+	if failed > 0 {
+		return &ExitError{Code: 1, Err: fmt.Errorf("%s failed for %d of the jobs selected", op.name, failed)}
+	}
+	return nil
+}
+
+func who(by, reason string) string {
+	s := "by " + by
+	if reason != "" {
+		s += ": " + reason
+	}
+	return s
+}
+
+func newCancelCmd(g *globals) *cobra.Command {
+	return newControlCmd(g, controlOp{
+		name:  "cancel",
+		use:   "cancel JOB | --workflow NAME [--status S] [--dry-run] [--reason TEXT] [--by WHO]",
+		short: "Cancel a job: nothing more is dispatched, its child jobs are cancelled too",
+		long: `Cancel records that WHO cancelled JOB and why, and waits for the engine to do
+it: the job ends cancelled (a terminal status, like completed and failed);
+nothing more of it is dispatched; results of steps in flight are dropped when
+they come (an effect in flight is in the ledger as whatever it became: the
+job.cancelled event lists what was in flight, and engine effects list --job
+shows their records); child jobs in flight are cancelled too. A job that
+had already completed or failed is left as it is (exit 1). Exit 0 once
+cancelled; 130 when --timeout passes first (the cancel then waits in the
+job's inbox and the next engine to run applies it).
+
+With --workflow and/or --status instead of JOB, every job selected is
+cancelled (--dry-run lists them and changes nothing).`,
+		call: func(ctx context.Context, c *client.Client, id string, r client.ControlRequest) (*client.JobView, string, error) {
+			v, err := c.Cancel(ctx, id, client.CancelRequest{By: r.By, Reason: r.Reason})
+			if err != nil {
+				return nil, "", err
+			}
+			if v.Status != schemas.JobCancelled {
+				return v, "", fmt.Errorf("job %s had already %s: left as it is: %w", v.ID, v.Status, client.ErrNotApplicable)
+			}
+			return v, "cancelled " + v.Error.Message, nil
+		},
+		applies: func(s client.JobSummary) bool { return !s.Status.Terminal() },
+	})
+}
+
+func newPauseCmd(g *globals) *cobra.Command {
+	return newControlCmd(g, controlOp{
+		name:  "pause",
+		use:   "pause JOB | --workflow NAME [--status S] [--dry-run] [--reason TEXT] [--by WHO]",
+		short: "Pause a job: running steps finish, nothing new is dispatched until resume",
+		long: `Pause holds JOB: the steps in flight run to their end and their results are
+applied, but whatever the job would dispatch next is recorded as held and not
+sent (engine status shows "paused" and the held dispatch). engine resume sends
+it. A gate can still be approved while paused. Exit 0 once the engine recorded
+it; 1 for a job that ended or is paused already; 130 when --timeout passes
+first (the request waits in the job's inbox).
+
+With --workflow and/or --status (default running) instead of JOB, every job
+selected is paused (--dry-run lists them and changes nothing).`,
+		bulkStatus: schemas.JobRunning,
+		call: func(ctx context.Context, c *client.Client, id string, r client.ControlRequest) (*client.JobView, string, error) {
+			v, err := c.Pause(ctx, id, r)
+			if err != nil {
+				return nil, "", err
+			}
+			return v, "paused " + who(r.By, r.Reason), nil
+		},
+		applies: func(s client.JobSummary) bool { return !s.Status.Terminal() },
+	})
+}
+
+func newResumeCmd(g *globals) *cobra.Command {
+	return newControlCmd(g, controlOp{
+		name:  "resume",
+		use:   "resume JOB | --workflow NAME [--status S] [--dry-run] [--by WHO]",
+		short: "Resume a paused job: its held dispatches are sent",
+		long: `Resume lifts engine pause: the dispatches recorded while the job was paused
+are sent, and it goes on. Exit 0 once recorded; 1 for a job that is not
+paused; 130 when --timeout passes first.
+
+With --workflow and/or --status instead of JOB, every paused job selected is
+resumed (--dry-run lists the jobs it would try).`,
+		call: func(ctx context.Context, c *client.Client, id string, r client.ControlRequest) (*client.JobView, string, error) {
+			v, err := c.Resume(ctx, id, r)
+			if err != nil {
+				return nil, "", err
+			}
+			return v, "resumed " + who(r.By, r.Reason), nil
+		},
+		applies: func(s client.JobSummary) bool { return !s.Status.Terminal() },
+	})
+}
+
+func newRetryCmd(g *globals) *cobra.Command {
+	return newControlCmd(g, controlOp{
+		name:  "retry",
+		use:   "retry JOB [--from STEP] | --workflow NAME [--dry-run] [--reason TEXT] [--by WHO]",
+		short: "Retry a failed job from its failed step, or from an earlier one",
+		long: `Retry reopens a failed JOB: it goes on from the step that failed (or --from
+STEP) with a fresh retry budget, under new attempts. Every step it reaches
+again runs under the idempotency key of its last run, so an effect the ledger
+holds as confirmed answers with its recorded result and is not performed
+again; one that was refused or never made is performed. Exit 0 once the engine
+reopened it; 1 for a job that did not fail; 2 for a --from that is not a step.
+
+With --workflow and/or --status (default failed) instead of JOB, every failed
+job selected is retried (--dry-run lists them and changes nothing).`,
+		bulkStatus: schemas.JobFailed,
+		call: func(ctx context.Context, c *client.Client, id string, r client.ControlRequest) (*client.JobView, string, error) {
+			v, err := c.Retry(ctx, id, r)
+			if err != nil {
+				return nil, "", err
+			}
+			at := r.From
+			if at == "" && v.Current != nil {
+				at = v.Current.Step
+			}
+			done := "retried " + who(r.By, r.Reason)
+			if at != "" {
+				done = "retried from " + at + " " + who(r.By, r.Reason)
+			}
+			return v, fmt.Sprintf("%s (retry %d)", done, v.Retries), nil
+		},
+		applies: func(s client.JobSummary) bool { return s.Status == schemas.JobFailed },
+	})
+}
+
+func newDecisionCmd(g *globals, approve bool) *cobra.Command {
+	var output, by, reason, digest string
+	var timeout time.Duration
+	name, verb := "approve", "Approve"
+	if !approve {
+		name, verb = "reject", "Reject"
+	}
+	cmd := &cobra.Command{
+		Use:   name + " JOB GATE [--reason TEXT] [--by WHO] [--digest HEX]",
+		Short: verb + " a job's open approval gate",
+		Long: verb + ` the approval gate GATE (the step id engine status lists under
+approvals) of JOB, as WHO. The decision binds to the gate's digest: with
+--digest, the one you reviewed, and a gate whose action changed since is
+refused. Approved, the gate's step goes on (an approval step completes; a step
+with requires_approval starts its run); rejected, it fails with code
+approval_rejected and the job follows the step's on_error, or fails. A gate
+decided before answers "already decided" and nothing changes; one past its
+expiry (by the engine's clock) is refused and the job follows the expiry path.
+Exit 0 once decided; 1 when refused; 130 when --timeout passes first.`,
+		Args: exactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			if by == "" {
+				by = whoami()
+			}
+			if timeout <= 0 {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--timeout %v: want a positive duration", timeout)}
+			}
+			return g.withClient(cmd.Context(), func(c *client.Client, _ *kv.Store) error {
+				ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+				defer cancel()
+				decide := c.Approve
+				if !approve {
+					decide = c.Reject
+				}
+				v, err := decide(ctx, args[0], args[1], client.ControlRequest{By: by, Reason: reason, Digest: digest})
+				if err != nil {
+					if v != nil && output == "json" {
+						_ = printJSON(g.stdout, v)
+					}
+					return controlExit(name, args[0], timeout, err)
+				}
+				if output == "json" {
+					return printJSON(g.stdout, v)
+				}
+				fmt.Fprintf(g.stdout, "job %s gate %s %sd %s; job %s\n", args[0], args[1], name, who(by, reason), v.Status)
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	cmd.Flags().StringVar(&by, "by", "", "who decides (default: the current user)")
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the record")
+	cmd.Flags().StringVar(&digest, "digest", "", "the digest of the action you reviewed (engine status lists it)")
+	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for an engine to record it")
+	return cmd
+}
+
+// approvalLines describes v's approval gates for engine status.
+func approvalLines(v *client.JobView) []string {
+	var out []string
+	for _, a := range v.Approvals {
+		line := fmt.Sprintf("gate %s (%s): %s", a.ID, a.Status, a.Action)
+		switch {
+		case a.Status == schemas.ApprovalPending && a.ExpiresAt != nil:
+			line += ", expires " + a.ExpiresAt.UTC().Format(time.RFC3339)
+		case a.DecidedBy != "":
+			line += ", " + string(a.Status) + " " + who(a.DecidedBy, a.Reason)
+		case a.Reason != "":
+			line += ", " + a.Reason
+		}
+		if len(a.Approvers) > 0 && a.Status == schemas.ApprovalPending {
+			line += "; approvers: " + strings.Join(a.Approvers, ", ")
+		}
+		out = append(out, line+"; digest "+a.Digest)
+	}
+	return out
+}
