@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/waymark-dev/waymark/engine/client"
+	"github.com/waymark-dev/waymark/internal/testsupport"
 	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
 )
@@ -389,5 +390,72 @@ steps:
 	}
 	if string(v.State) != `{"nap":{"slept_ms":1000}}` {
 		t.Fatalf("state %s", v.State)
+	}
+}
+
+// TestTimerDueWhileTheEngineWasDown: a sleep whose timer comes due while
+// no engine runs fires once the server has it, waits in the timer stream,
+// and is applied once by the next engine: the job completes with one
+// completion of its sleep.
+func TestTimerDueWhileTheEngineWasDown(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{noEngine: true})
+	def := b.define(`
+name: napper
+version: 1
+steps:
+  - {id: nap, kind: sleep, with: {for: 1s}, next: [{to: after}]}
+  - {id: after, kind: noop}
+`)
+	b.worker(echo)
+	e, err := New(Config{Store: b.store, ReconcileInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	id := b.start(def, `{}`, "nap-down")
+	c := ctx30(t)
+	err = b.store.Checkpoints.Watch(c, id, func(ent kv.Entry, err error) bool {
+		return err != nil || ent.Checkpoint.Current == nil || ent.Checkpoint.Current.Due == nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// The timer fires with no engine running: its message waits on the
+	// timer stream's due subject.
+	st, err := b.store.JS.Stream(c, b.store.Names.TimerStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testsupport.Eventually(t, 20*time.Second, func() bool {
+		_, err := st.GetLastMsgForSubject(c, b.store.Names.TimerDueSubject(id))
+		return err == nil
+	}, "the timer never fired")
+	if v, _ := b.client.Job(c, id); v.Status != schemas.JobRunning {
+		t.Fatalf("status %s before an engine ran again", v.Status)
+	}
+	b.runEngine(Config{})
+	v := b.wait(id)
+	if v.Status != schemas.JobCompleted {
+		t.Fatalf("status %s %+v", v.Status, v.Error)
+	}
+	evs, err := b.client.History(c, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, ev := range evs {
+		if ev.Type == schemas.EventStepCompleted && ev.Data.Step == "nap" {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("nap completed %d times", n)
 	}
 }

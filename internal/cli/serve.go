@@ -42,7 +42,9 @@ func newServeCmd(g *globals) *cobra.Command {
 		Long: `Serve runs the engine until SIGINT or SIGTERM. Without --nats-url it starts an
 embedded nats-server whose client port (--listen, loopback by default) lets the
 nats CLI, "engine start" and separate "worker" processes reach it. The HTTP API
-(--http) starts, gets and lists jobs and serves Prometheus /metrics.`,
+(--http) starts, gets and lists jobs and serves Prometheus /metrics. The NATS
+service "waymark" (nats micro ls) gets, cancels, pauses, resumes, retries,
+approves and rejects jobs on <prefix>.api.job.*.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return serve(cmd.Context(), g, &f)
@@ -99,6 +101,12 @@ func serve(ctx context.Context, g *globals, f *serveFlags) error {
 	for _, r := range st.services {
 		fmt.Fprintf(out, "service %s: %s\n", r.Name, r.URL)
 	}
+	svc, err := api.StartService(st.nc, client.New(st.store), st.store.Config.Prefix, Version, log)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = svc.Stop() }() // before the stack stops
+	fmt.Fprintf(out, "nats service: %s (engine control on %s.api.job.*)\n", api.ServiceName, st.store.Config.Prefix)
 	var srv *http.Server
 	if f.http != "" {
 		ln, err := net.Listen("tcp", f.http)
