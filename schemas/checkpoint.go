@@ -127,6 +127,9 @@ type Checkpoint struct {
 	Paused *Pause `json:"paused,omitempty"`
 	// Retries counts the times a failed job was retried (engine retry).
 	Retries int `json:"retries,omitempty"`
+	// Signals are the named signals the job received: those no wait step
+	// took yet, and the last ones taken (MaxKeptSignals in all).
+	Signals []*ReceivedSignal `json:"signals,omitempty"`
 
 	// Cause is the dedup id of the inbox message that produced this Seq. A
 	// redelivery of that same message means its first handler may have died
@@ -240,6 +243,9 @@ type Dispatch struct {
 	// Gate is the id of the approval a gate dispatch waits for (see
 	// Approval); no message is published for it.
 	Gate string `json:"gate,omitempty"`
+	// Wait is the signal name a wait step's dispatch waits for (no message
+	// is published; Due, when set, is its timeout).
+	Wait string `json:"wait,omitempty"`
 }
 
 // StepMsgID returns the dedup id of a step message: "<prefix>/<step>/<attempt>",

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strings"
 	"text/template"
 	"time"
@@ -19,7 +20,83 @@ const (
 	// JetStream message schedule): a timer due while every engine was down
 	// fires once, after restart. Its output is {"slept_ms": N}.
 	KindSleep = "sleep"
+	// KindWait waits for a named signal (WaitSettings), sent with engine
+	// signal; its output is a SignalOutput. A signal that comes before the
+	// job waits for it is kept for the wait step.
+	KindWait = "wait"
 )
+
+// WaitSettings are the with settings of a wait step.
+type WaitSettings struct {
+	// Signal is the name waited for: 1 to 64 letters, digits, '_' and '-'.
+	Signal string `json:"signal"`
+	// Schema is a JSON Schema the signal's data must satisfy; a signal
+	// whose data does not is refused (engine signal says why).
+	Schema json.RawMessage `json:"schema,omitempty"`
+	// When is an expr-lang condition over data (the signal's) and state: a
+	// signal for which it is false is kept for a later wait, not taken.
+	When string `json:"when,omitempty"`
+	// Timeout fails the step with code timeout when no signal came in
+	// time (a durable timer); 0 waits without end.
+	Timeout Duration `json:"timeout,omitempty"`
+}
+
+// SignalOutput is a wait step's output: the signal it took.
+type SignalOutput struct {
+	Signal string          `json:"signal"`
+	ID     string          `json:"id"`
+	Data   json.RawMessage `json:"data"`
+	By     string          `json:"by,omitempty"`
+	At     time.Time       `json:"at"`
+}
+
+// ReceivedSignal is a signal a job has received: kept until a wait step
+// takes it (Taken names the step), then for the record; the checkpoint
+// keeps the last MaxKeptSignals.
+type ReceivedSignal struct {
+	ID    string          `json:"id"`
+	Name  string          `json:"name"`
+	Data  json.RawMessage `json:"data,omitempty"`
+	By    string          `json:"by,omitempty"`
+	At    time.Time       `json:"at"`
+	Taken string          `json:"taken,omitempty"`
+}
+
+// MaxKeptSignals bounds the signals a checkpoint keeps: those not taken
+// first, then the latest taken. A signal past the bound with none taken to
+// drop is refused.
+const MaxKeptSignals = 32
+
+// signalName is the form of a signal's name.
+var signalName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// CheckSignalName reports whether name can name a signal.
+func CheckSignalName(name string) error {
+	if !signalName.MatchString(name) {
+		return fmt.Errorf("signal name %q: want 1 to 64 letters, digits, '_' and '-'", name)
+	}
+	return nil
+}
+
+// WaitOf decodes the settings of wait step s; errors name the step.
+func WaitOf(s *Step) (WaitSettings, error) {
+	var w WaitSettings
+	if len(s.With) == 0 {
+		return w, fmt.Errorf("step %s: a wait step needs with.signal", s.ID)
+	}
+	dec := json.NewDecoder(bytes.NewReader(s.With))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&w); err != nil {
+		return w, fmt.Errorf("step %s: with: %w", s.ID, err)
+	}
+	if err := CheckSignalName(w.Signal); err != nil {
+		return w, fmt.Errorf("step %s: with.signal: %w", s.ID, err)
+	}
+	if w.Timeout < 0 || (w.Timeout > 0 && time.Duration(w.Timeout) < time.Second) {
+		return w, fmt.Errorf("step %s: with.timeout %v: want at least 1s (the timer's resolution), or none", s.ID, time.Duration(w.Timeout))
+	}
+	return w, nil
+}
 
 // ApprovalSettings are the with settings of an approval step, and the
 // value of requires_approval on a step that performs an effect.
@@ -139,6 +216,13 @@ func checkControls(d *Definition) []Problem {
 			if _, err := SleepOf(s); err != nil {
 				add(base+"/with", "%v", err)
 			}
+		case s.Kind == KindWait:
+			what = "a wait step"
+			if w, err := WaitOf(s); err != nil {
+				add(base+"/with", "%v", err)
+			} else if _, err := CompileSchema(base+"/with/schema", w.Schema); err != nil {
+				add(base+"/with/schema", "%s", AsError(err).Message)
+			}
 		case s.Kind == KindApproval && s.RequiresApproval != nil:
 			add(base+"/requires_approval", "an approval step is a gate already; requires_approval is for steps that do something")
 		case s.RequiresApproval != nil:
@@ -147,7 +231,7 @@ func checkControls(d *Definition) []Problem {
 				add(base+"/requires_approval", "requires_approval is for steps a worker runs, not %s steps", s.Kind)
 			}
 		}
-		if !gate && s.Kind != KindSleep {
+		if !gate && s.Kind != KindSleep && s.Kind != KindWait {
 			continue
 		}
 		if p := branch[s.ID]; p != "" {
@@ -156,7 +240,7 @@ func checkControls(d *Definition) []Problem {
 		if s.ForEach != nil {
 			add(base+"/for_each", "%s cannot be a map", what)
 		}
-		if (s.Kind == KindApproval || s.Kind == KindSleep) && s.IdempotencyKey != "" {
+		if (s.Kind == KindApproval || s.Kind == KindSleep || s.Kind == KindWait) && s.IdempotencyKey != "" {
 			add(base+"/idempotency_key", "%s performs no effect: it has no idempotency key", what)
 		}
 		if !gate {
@@ -190,7 +274,7 @@ func checkControls(d *Definition) []Problem {
 // (parallel, workflow, approval, sleep): no worker pool runs them.
 func EngineKind(kind string) bool {
 	switch kind {
-	case KindParallel, KindWorkflow, KindApproval, KindSleep:
+	case KindParallel, KindWorkflow, KindApproval, KindSleep, KindWait:
 		return true
 	}
 	return false

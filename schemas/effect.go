@@ -121,6 +121,11 @@ type Signal struct {
 	IndexRev uint64 `json:"index_rev,omitempty"`
 	// At is when a timer signal was due.
 	At time.Time `json:"at,omitzero"`
+	// Name, ID and Data are a SignalUser's: its name, the sender's id for
+	// it (a repeat with the same id is one signal) and its data.
+	Name string          `json:"name,omitempty"`
+	ID   string          `json:"id,omitempty"`
+	Data json.RawMessage `json:"data,omitempty"`
 }
 
 // Signal types.
@@ -146,4 +151,9 @@ const (
 	SignalApprove         = "approve"
 	SignalReject          = "reject"
 	SignalApprovalExpired = "approval_expired"
+	// SignalUser is a named signal for the job's wait steps (engine
+	// signal); SignalWaitTimeout is a wait step's timer (Key: the wait's
+	// dispatch message id).
+	SignalUser        = "signal"
+	SignalWaitTimeout = "wait_timeout"
 )

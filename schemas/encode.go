@@ -122,6 +122,10 @@ func (cp *Checkpoint) AppendJSON(dst []byte) []byte {
 	if cp.Retries != 0 {
 		w.intField("retries", int64(cp.Retries))
 	}
+	if len(cp.Signals) > 0 {
+		b, _ := Marshal(cp.Signals)
+		w.rawField("signals", b)
+	}
 	if cp.Cause != "" {
 		w.strField("cause", cp.Cause)
 	}
@@ -369,6 +373,9 @@ func (w *jsonw) dispatch(d *Dispatch) {
 	if d.Gate != "" {
 		w.strField("gate", d.Gate)
 	}
+	if d.Wait != "" {
+		w.strField("wait", d.Wait)
+	}
 	w.close()
 }
 
@@ -489,6 +496,10 @@ func (w *jsonw) historyData(d *HistoryData) {
 	if d.Approval != nil {
 		b, _ := Marshal(d.Approval)
 		w.rawField("approval", b)
+	}
+	if d.Signal != nil {
+		b, _ := Marshal(d.Signal)
+		w.rawField("signal", b)
 	}
 	w.close()
 }

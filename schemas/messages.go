@@ -112,6 +112,7 @@ const (
 	EventJobRetried        = "dev.waymark.job.retried"        // a failed job reopened (engine retry); Step is where it goes on
 	EventApprovalRequested = "dev.waymark.approval.requested" // Approval holds the gate
 	EventApprovalDecided   = "dev.waymark.approval.decided"   // Approval holds the decision: approved, rejected or expired
+	EventSignalReceived    = "dev.waymark.signal.received"    // Signal holds it; Step the wait step that took it, if one did
 	EventStepDispatched    = "dev.waymark.step.dispatched"
 	EventStepCompleted     = "dev.waymark.step.completed"
 	EventStepFailed        = "dev.waymark.step.failed"  // one attempt failed; Retrying tells whether another follows
@@ -165,4 +166,6 @@ type HistoryData struct {
 	PromptVersion string      `json:"prompt_version,omitempty"`
 	// Approval is the gate of approval events.
 	Approval *Approval `json:"approval,omitempty"`
+	// Signal is the signal of signal events.
+	Signal *ReceivedSignal `json:"signal,omitempty"`
 }
