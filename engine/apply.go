@@ -153,6 +153,14 @@ func dispatch(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, not
 		}
 		rec.Status, notBefore = schemas.StepDispatched, *d.Due
 	}
+	if w := c.waits[idx]; w != nil {
+		d.Wait, d.Pool, d.NotBefore, rec.Status = w.Signal, "", nil, schemas.StepWaiting
+		if w.Timeout > 0 {
+			due := now.Add(time.Duration(w.Timeout))
+			d.Due = &due
+		}
+		notBefore = time.Time{}
+	}
 	if cp.Fan != nil {
 		cp.Fan.Running = append(cp.Fan.Running, d) // a parallel step's branch
 	} else {

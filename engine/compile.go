@@ -26,6 +26,8 @@ type compiled struct {
 	keys   []*template.Template // by step index: the idempotency_key template, if any
 	// actions: by step index, the approval action template, if any.
 	actions []*template.Template
+	// waits: by step index, a wait step's settings, schema and condition.
+	waits []*waitStep
 	// itemKeys: by step index, the for_each.key template, if any.
 	itemKeys []*template.Template
 	// tools: by step index, an agent step's tool input schemas by name.
@@ -61,6 +63,38 @@ type conditionEnv struct {
 	Vars    map[string]string `expr:"vars"`    // the job's pinned vars
 	Step    string            `expr:"step"`    // the step that just completed
 	Attempt int               `expr:"attempt"` // its attempt number within the run
+}
+
+// waitStep is a wait step compiled: its settings, the validator of the
+// signal's data (nil: any) and its condition (nil: every signal).
+type waitStep struct {
+	schemas.WaitSettings
+	schema *schemas.Validator
+	when   *vm.Program
+}
+
+// waitEnv documents the names a wait step's condition sees.
+type waitEnv struct {
+	Data  any               `expr:"data"`  // the signal's data
+	State any               `expr:"state"` // the job's state
+	Vars  map[string]string `expr:"vars"`
+}
+
+func compileWait(i int, s *schemas.Step) (*waitStep, error) {
+	set, err := schemas.WaitOf(s)
+	if err != nil {
+		return nil, schemas.Errorf(schemas.CodeDefinitionInvalid, "steps[%d]: %v", i, err)
+	}
+	w := &waitStep{WaitSettings: set}
+	if w.schema, err = schemas.CompileSchema(fmt.Sprintf("steps[%d].with.schema", i), set.Schema); err != nil {
+		return nil, err
+	}
+	if set.When != "" {
+		if w.when, err = expr.Compile(set.When, expr.Env(waitEnv{}), expr.AsBool(), expr.DisableBuiltin("now")); err != nil {
+			return nil, schemas.Errorf(schemas.CodeDefinitionInvalid, "steps[%d].with.when: %v", i, err)
+		}
+	}
+	return w, nil
 }
 
 // Check reports transition conditions that do not compile, for the
@@ -161,6 +195,7 @@ func compile(def *schemas.Definition) (*compiled, error) {
 		needsDoc: make([]bool, len(def.Steps)),
 		keys:     make([]*template.Template, len(def.Steps)),
 		actions:  make([]*template.Template, len(def.Steps)),
+		waits:    make([]*waitStep, len(def.Steps)),
 		itemKeys: make([]*template.Template, len(def.Steps)),
 		tools:    make([]map[string]*schemas.Validator, len(def.Steps)),
 		env:      newFanEnv(),
@@ -183,6 +218,11 @@ func compile(def *schemas.Definition) (*compiled, error) {
 		if set, err := schemas.ApprovalOf(&def.Steps[i]); err == nil && set != nil {
 			if c.actions[i], err = schemas.ParseApprovalAction(s.ID, set.Action); err != nil {
 				return nil, schemas.Errorf(schemas.CodeDefinitionInvalid, "steps[%d]: %v", i, err)
+			}
+		}
+		if s.Kind == schemas.KindWait {
+			if c.waits[i], err = compileWait(i, &def.Steps[i]); err != nil {
+				return nil, err
 			}
 		}
 		for j, t := range s.Tools {

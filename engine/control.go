@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/expr-lang/expr"
+
 	"github.com/waymark-dev/waymark/schemas"
 )
 
@@ -143,6 +145,10 @@ func controlMayApply(cp *schemas.Checkpoint, sig *schemas.Signal) bool {
 	case schemas.SignalApprovalExpired:
 		a := cp.ApprovalByID(sig.Key)
 		return a != nil && a.Status == schemas.ApprovalPending && cp.Current != nil && cp.Current.Gate == a.ID
+	case schemas.SignalUser:
+		return !cp.Status.Terminal() && !slices.ContainsFunc(cp.Signals, func(r *schemas.ReceivedSignal) bool { return r.ID == sig.ID })
+	case schemas.SignalWaitTimeout:
+		return cp.Status == schemas.JobRunning && cp.Current != nil && cp.Current.Wait != "" && cp.Current.MsgID == sig.Key
 	}
 	return false
 }
@@ -174,6 +180,14 @@ func applyControl(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now 
 		return outcomeApplied, []event{{typ: schemas.EventJobUnpaused, data: schemas.HistoryData{Job: cp.JobID, By: sig.By, Reason: strings.TrimPrefix(sig.Reason+"; ", "; ") + countOf(released, "held dispatch") + " sent"}}}
 	case schemas.SignalRetry:
 		return outcomeApplied, retryJob(c, cp, sig, now)
+	case schemas.SignalUser:
+		return outcomeApplied, receiveSignal(c, cp, sig, now)
+	case schemas.SignalWaitTimeout:
+		cur := cp.Current
+		w := c.waits[c.def.StepIndex(cur.Step)]
+		_, evs := applyResult(c, cp, &schemas.StepResult{Job: cp.JobID, Step: cur.Step, Attempt: cur.Attempt, Error: &schemas.Error{
+			Code: schemas.CodeTimeout, Message: fmt.Sprintf("no signal %s came within %v", cur.Wait, time.Duration(w.Timeout))}}, now)
+		return outcomeApplied, evs
 	}
 	// A decision on the open gate.
 	a := cp.ApprovalByID(cp.Current.Gate)
@@ -231,6 +245,148 @@ func applyControl(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now 
 	}
 	_, resEvs := applyResult(c, cp, res, now)
 	return outcomeApplied, append(evs, resEvs...)
+}
+
+// receiveSignal records sig, a named signal, in cp: the wait step the job
+// is at takes it when it matches (its name, schema and condition), else it
+// is kept for a later wait step. A signal whose data breaks the schema of
+// the wait step that would take it is refused (recorded, not kept).
+func receiveSignal(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now time.Time) []event {
+	rs := &schemas.ReceivedSignal{ID: sig.ID, Name: sig.Name, Data: sig.Data, By: sig.By, At: now}
+	ev := event{typ: schemas.EventSignalReceived, data: schemas.HistoryData{Job: cp.JobID, By: sig.By}}
+	if w := waitingFor(c, cp); w != nil && w.Signal == rs.Name {
+		ok, why := w.accepts(cp, rs)
+		if why != "" {
+			rs.Refused = "wait step " + cp.Current.Step + ": " + why
+			keepSignal(cp, rs)
+			ev.data.Reason, ev.data.Step = "refused: "+why, cp.Current.Step
+			shown := *rs
+			ev.data.Signal = &shown
+			return []event{ev}
+		}
+		if ok {
+			return append([]event{ev}, takeSignal(c, cp, rs, &ev, now)...)
+		}
+	}
+	kept := 0
+	for _, r := range cp.Signals {
+		if r.Taken == "" && r.Refused == "" {
+			kept++
+		}
+	}
+	if kept >= schemas.MaxKeptSignals {
+		ev.data.Reason = fmt.Sprintf("dropped: %d signals wait for a step to take them already", kept)
+		shown := *rs
+		ev.data.Signal = &shown
+		return []event{ev}
+	}
+	keepSignal(cp, rs)
+	ev.data.Reason = "kept for a wait step"
+	shown := *rs
+	ev.data.Signal = &shown
+	return []event{ev}
+}
+
+// waitingFor returns the wait step cp's current dispatch is, or nil.
+func waitingFor(c *compiled, cp *schemas.Checkpoint) *waitStep {
+	if cp.Current == nil || cp.Current.Wait == "" || cp.Status != schemas.JobRunning {
+		return nil
+	}
+	if i := c.def.StepIndex(cp.Current.Step); i >= 0 {
+		return c.waits[i]
+	}
+	return nil
+}
+
+// accepts reports whether w takes rs: its data against the schema (why
+// says how it breaks it) and the condition.
+func (w *waitStep) accepts(cp *schemas.Checkpoint, rs *schemas.ReceivedSignal) (bool, string) {
+	data := rs.Data
+	if len(data) == 0 {
+		data = json.RawMessage("null")
+	}
+	var doc any
+	if err := json.Unmarshal(data, &doc); err != nil {
+		return false, "its data is not JSON"
+	}
+	if w.schema != nil {
+		if err := w.schema.Validate(doc); err != nil {
+			return false, "its data does not satisfy the wait step's schema: " + schemas.AsError(err).Message
+		}
+	}
+	if w.when == nil {
+		return true, ""
+	}
+	var state any
+	_ = json.Unmarshal(cp.State, &state)
+	out, err := expr.Run(w.when, waitEnv{Data: doc, State: state, Vars: cp.Vars})
+	if err != nil {
+		return false, "the wait step's condition failed on it: " + err.Error()
+	}
+	b, _ := out.(bool)
+	return b, ""
+}
+
+// takeSignal completes the wait step at cp.Current with rs (recorded as
+// taken) and returns the events of what follows; ev is rs's
+// signal.received event, which gets the step.
+func takeSignal(c *compiled, cp *schemas.Checkpoint, rs *schemas.ReceivedSignal, ev *event, now time.Time) []event {
+	cur := cp.Current
+	rs.Taken = cur.Step
+	if !slices.Contains(cp.Signals, rs) {
+		keepSignal(cp, rs)
+	}
+	ev.data.Step, ev.data.Reason = cur.Step, "taken by wait step "+cur.Step
+	shown := *rs
+	ev.data.Signal = &shown
+	data := rs.Data
+	if len(data) == 0 {
+		data = json.RawMessage("null")
+	}
+	out, _ := schemas.Marshal(schemas.SignalOutput{Signal: rs.Name, ID: rs.ID, Data: data, By: rs.By, At: rs.At})
+	_, evs := applyResult(c, cp, &schemas.StepResult{Job: cp.JobID, Step: cur.Step, Attempt: cur.Attempt, Output: out}, now)
+	return evs
+}
+
+// keepSignal adds rs to cp's signals, dropping the oldest taken ones past
+// MaxKeptSignals.
+func keepSignal(cp *schemas.Checkpoint, rs *schemas.ReceivedSignal) {
+	cp.Signals = append(cp.Signals, rs)
+	for len(cp.Signals) > schemas.MaxKeptSignals {
+		i := slices.IndexFunc(cp.Signals, func(r *schemas.ReceivedSignal) bool { return r.Taken != "" || r.Refused != "" })
+		if i < 0 {
+			break
+		}
+		cp.Signals = slices.Delete(cp.Signals, i, i+1)
+	}
+}
+
+// takeKept lets the wait step cp has just reached take a signal it was
+// kept: the oldest that matches; again for the wait step after it.
+func takeKept(c *compiled, cp *schemas.Checkpoint, now time.Time) []event {
+	var evs []event
+	for range schemas.MaxKeptSignals {
+		w := waitingFor(c, cp)
+		if w == nil {
+			return evs
+		}
+		var take *schemas.ReceivedSignal
+		for _, r := range cp.Signals {
+			if r.Taken == "" && r.Refused == "" && r.Name == w.Signal {
+				if ok, _ := w.accepts(cp, r); ok {
+					take = r
+					break
+				}
+			}
+		}
+		if take == nil {
+			return evs
+		}
+		ev := event{typ: schemas.EventSignalReceived, data: schemas.HistoryData{Job: cp.JobID, By: take.By}}
+		more := takeSignal(c, cp, take, &ev, now)
+		evs = append(append(evs, ev), more...)
+	}
+	return evs
 }
 
 // retryJob reopens failed job cp at sig.From, or at the step that failed:

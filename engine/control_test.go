@@ -459,3 +459,129 @@ steps:
 		t.Fatalf("nap completed %d times", n)
 	}
 }
+
+const waitForPayment = `
+name: payment-wait
+version: 1
+steps:
+  - id: prepare
+    kind: noop
+    next: [{to: paid}]
+  - id: paid
+    kind: wait
+    save_as: payment
+    with:
+      signal: paid
+      schema: {type: object, required: [amount], properties: {amount: {type: number}}}
+      when: data.amount >= 10
+    next: [{to: ship}]
+  - {id: ship, kind: noop}
+`
+
+// TestWaitStepTakesASignal: a signal sent before the job reaches its wait
+// step is kept and taken when it does; data breaking the schema, a name
+// no wait step has and a signal the condition refuses are told apart; the
+// same signal id twice is one signal.
+func TestWaitStepTakesASignal(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	id := b.start(b.define(waitForPayment), `{}`, "wait-1")
+	h := b.nextOf(id, ch) // prepare, in flight
+	c := ctx30(t)
+	if _, _, err := b.client.Signal(c, id, client.SignalRequest{Name: "paid", By: "psp", Data: json.RawMessage(`{"amount": "ten"}`)}); err == nil || !strings.Contains(err.Error(), "does not satisfy the schema of wait step paid") {
+		t.Fatalf("bad data: %v", err)
+	}
+	if _, _, err := b.client.Signal(c, id, client.SignalRequest{Name: "refunded", By: "psp"}); !errors.Is(err, client.ErrNoSuchSignal) || !strings.Contains(err.Error(), "it waits for: paid") {
+		t.Fatalf("unknown signal: %v", err)
+	}
+	// Too small for the condition: kept, never taken; the next is taken.
+	if _, rs, err := b.client.Signal(c, id, client.SignalRequest{Name: "paid", By: "psp", ID: "small", Data: json.RawMessage(`{"amount": 5}`)}); err != nil || rs.Taken != "" {
+		t.Fatalf("small: %+v %v", rs, err)
+	}
+	_, rs, err := b.client.Signal(c, id, client.SignalRequest{Name: "paid", By: "psp", ID: "p-1", Data: json.RawMessage(`{"amount": 12.5}`)})
+	if err != nil || rs.Taken != "" {
+		t.Fatalf("early signal: %+v %v (want kept: the job is not at its wait step)", rs, err)
+	}
+	if _, rs, err := b.client.Signal(c, id, client.SignalRequest{Name: "paid", By: "psp", ID: "p-1", Data: json.RawMessage(`{"amount": 99}`)}); err != nil || string(rs.Data) != `{"amount":12.5}` {
+		t.Fatalf("the same id again: %+v %v", rs, err)
+	}
+	h.reply(json.RawMessage(`{}`), nil)
+	h = b.nextOf(id, ch)
+	if h.sm.Step != "ship" {
+		t.Fatalf("dispatched %s", h.sm.Step)
+	}
+	var st struct {
+		Payment schemas.SignalOutput `json:"payment"`
+	}
+	if err := json.Unmarshal(h.sm.State, &st); err != nil || st.Payment.ID != "p-1" || string(st.Payment.Data) != `{"amount":12.5}` || st.Payment.By != "psp" {
+		t.Fatalf("state %s %v", h.sm.State, err)
+	}
+	h.reply(json.RawMessage(`{}`), nil)
+	v := b.wait(id)
+	if v.Status != schemas.JobCompleted {
+		t.Fatalf("status %s", v.Status)
+	}
+	cp, _ := b.store.Checkpoints.Get(c, id)
+	var taken, kept int
+	for _, r := range cp.Checkpoint.Signals {
+		if r.Taken == "paid" {
+			taken++
+		} else if r.ID == "small" {
+			kept++
+		}
+	}
+	if taken != 1 || kept != 1 || len(cp.Checkpoint.Signals) != 2 {
+		t.Fatalf("signals %+v", cp.Checkpoint.Signals)
+	}
+}
+
+// TestWaitTimesOut: a wait step with a timeout fails with code timeout
+// when no signal comes, and the job follows its on_error.
+func TestWaitTimesOut(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	b.worker(echo)
+	id := b.start(b.define(`
+name: wait-timeout
+version: 1
+steps:
+  - {id: paid, kind: wait, with: {signal: paid, timeout: 1s}, on_error: chase}
+  - {id: chase, kind: noop, save_as: chase}
+`), `{}`, "wait-timeout")
+	v := b.wait(id)
+	if v.Status != schemas.JobCompleted || !strings.Contains(string(v.State), "chase") {
+		t.Fatalf("status %s state %s", v.Status, v.State)
+	}
+	if s := stepOf(v, "paid"); s.Status != schemas.StepFailed || s.LastError == nil || s.LastError.Code != schemas.CodeTimeout || !strings.Contains(s.LastError.Message, "no signal paid came within 1s") {
+		t.Fatalf("wait step %+v", s)
+	}
+}
+
+// TestSignalWithStart: a signal with start creates the job when it does
+// not exist and delivers the signal; a second call with the same job id
+// and signal id attaches and delivers nothing new.
+func TestSignalWithStart(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	b.worker(echo)
+	def := b.define(`
+name: on-signal
+version: 1
+steps:
+  - {id: go, kind: wait, with: {signal: go}, save_as: got}
+`)
+	c := ctx30(t)
+	req := client.SignalRequest{Name: "go", By: "webhook", ID: "evt-1", Data: json.RawMessage(`{"n": 1}`)}
+	res, _, rs, err := b.client.SignalWithStart(c, def, json.RawMessage(`{}`), client.StartOptions{JobID: "sws-1"}, req)
+	if err != nil || res.Attached || rs == nil {
+		t.Fatalf("first: %+v %+v %v", res, rs, err)
+	}
+	if v := b.wait("sws-1"); v.Status != schemas.JobCompleted || !strings.Contains(string(v.State), `"id":"evt-1"`) {
+		t.Fatalf("status %s state %s", v.Status, v.State)
+	}
+	res, _, _, err = b.client.SignalWithStart(c, def, json.RawMessage(`{}`), client.StartOptions{JobID: "sws-1"}, req)
+	if !res.Attached || !errors.Is(err, client.ErrNotApplicable) {
+		t.Fatalf("second: %+v %v", res, err)
+	}
+}

@@ -237,6 +237,10 @@ items:
 			changed, cause = true, it.msgID
 		}
 	}
+	if changed && cp != nil && p.def != nil && len(cp.Signals) > 0 && cp.Current != nil && cp.Current.Wait != "" {
+		// A wait step just reached takes a signal that came before it.
+		evs = append(evs, takeKept(p.def, cp, now)...)
+	}
 	if recovered == "" && republish && !changed {
 		recovered = "the inbox message that produced the last checkpoint came again: an engine died or stalled before finishing it"
 	}

@@ -48,7 +48,7 @@ func (e *Engine) startPublish(ctx context.Context, ps []*plan) *settlement {
 			}
 			fs = append(fs, f)
 		}
-		if p.dispatch && p.republish && cp.Fan == nil && cp.Current != nil && cp.Current.Child == "" {
+		if cur := cp.Current; p.dispatch && p.republish && cp.Fan == nil && cur != nil && cur.Child == "" && cur.Gate == "" && cur.Due == nil && cur.Wait == "" {
 			// Publish the recorded dispatch again only when the stream says
 			// its message is neither queued nor answered: past the duplicate
 			// window, a copy would be a second message. A fan's are all
@@ -66,7 +66,7 @@ func (e *Engine) startPublish(ctx context.Context, ps []*plan) *settlement {
 				if d.Held {
 					continue
 				}
-				if d.Gate != "" || d.Due != nil {
+				if d.Gate != "" || d.Due != nil || d.Wait != "" {
 					if err := e.scheduleTimer(ctx, cp, d); err != nil {
 						p.err = err
 						break
@@ -395,9 +395,10 @@ func (e *Engine) stepMessage(cp *schemas.Checkpoint, d *schemas.Dispatch) (*nats
 	return m, nil
 }
 
-// scheduleTimer sets the durable timer of d, a gate or a sleep: a gate
-// with an expiry gets its approval_expired signal at the expiry, a sleep
-// its result at its due time (kv.Store.ScheduleTimer). Setting it again
+// scheduleTimer sets the durable timer of d, a gate, a sleep or a wait: a
+// gate with an expiry gets its approval_expired signal at the expiry, a
+// wait with a timeout its wait_timeout signal, a sleep its result at its
+// due time (kv.Store.ScheduleTimer). Setting it again
 // (a transition published again) replaces the schedule.
 func (e *Engine) scheduleTimer(ctx context.Context, cp *schemas.Checkpoint, d *schemas.Dispatch) error {
 	if d.Gate != "" {
@@ -410,6 +411,16 @@ func (e *Engine) scheduleTimer(ctx context.Context, cp *schemas.Checkpoint, d *s
 			return err
 		}
 		return e.store.ScheduleTimer(ctx, cp.JobID, timerName("approval", d.Step), *a.ExpiresAt, kv.InboxSignal, nil, sig, cp.MsgPrefix()+"/expire/"+a.ID)
+	}
+	if d.Wait != "" {
+		if d.Due == nil {
+			return nil // waits without end: nothing to set
+		}
+		sig, err := json.Marshal(schemas.Signal{Job: cp.JobID, Type: schemas.SignalWaitTimeout, Key: d.MsgID, By: "the wait's timeout", At: *d.Due})
+		if err != nil {
+			return err
+		}
+		return e.store.ScheduleTimer(ctx, cp.JobID, timerName("wait", d.Step), *d.Due, kv.InboxSignal, nil, sig, d.MsgID+"/timeout")
 	}
 	out, _ := json.Marshal(map[string]int64{"slept_ms": d.Due.Sub(d.DispatchedAt).Milliseconds()})
 	res := &schemas.StepResult{Job: cp.JobID, Step: d.Step, Attempt: d.Attempt, Output: out}

@@ -167,7 +167,7 @@ func (e *Engine) reconcileJob(ctx context.Context, ie kv.IndexEntry, now time.Ti
 				}
 			}
 		}
-		if cp.Current == nil || cp.Current.Held {
+		if cp.Current == nil || cp.Current.Held || (cp.Current.Wait != "" && cp.Current.Due == nil) {
 			return age, false, nil
 		}
 		if cp.Current.Due != nil {
@@ -199,6 +199,10 @@ func (e *Engine) checkSleep(ctx context.Context, cp *schemas.Checkpoint, now tim
 	d := cp.Current
 	if now.Before(d.Due.Add(timerGrace + 2*e.store.Config.InboxAckWait)) {
 		return nil
+	}
+	if d.Wait != "" {
+		e.log.Warn("a wait's timeout did not fire: delivering it", "job", cp.JobID, "step", d.Step, "due", d.Due)
+		return e.store.SendSignal(ctx, schemas.Signal{Job: cp.JobID, Type: schemas.SignalWaitTimeout, Key: d.MsgID, By: "the wait's timeout", At: *d.Due}, d.MsgID+"/timeout")
 	}
 	out, _ := json.Marshal(map[string]int64{"slept_ms": d.Due.Sub(d.DispatchedAt).Milliseconds()})
 	e.log.Warn("a sleep's timer did not fire: delivering it", "job", cp.JobID, "step", d.Step, "due", d.Due)

@@ -55,7 +55,7 @@ func (e *Engine) Requeue(ctx context.Context, lostAt time.Time) (waiting int, er
 		cp := ent.Checkpoint
 		switch {
 		case cp.Status == schemas.JobRunning && cp.Current != nil && cp.Current.DispatchedAt.Before(lostAt) &&
-			!cp.Current.Held && cp.Current.Due == nil: // held: not sent; a sleep's timer is not in the queues
+			!cp.Current.Held && cp.Current.Due == nil && cp.Current.Wait == "": // held: not sent; timers and waits are not in the queues
 			if now.Before(cp.Current.DispatchedAt.Add(PublishGrace)) {
 				waiting++ // its publication may still be under way
 				return true

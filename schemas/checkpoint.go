@@ -54,7 +54,7 @@ const (
 	StepFailed     StepStatus = "failed"     // its attempts are exhausted or it failed for good
 	StepBlocked    StepStatus = "blocked"    // its effect is ambiguous; the job waits for reconciliation
 	StepCancelled  StepStatus = "cancelled"  // a parallel branch the join no longer waited for
-	StepWaiting    StepStatus = "waiting"    // an approval gate of the step is open
+	StepWaiting    StepStatus = "waiting"    // an approval gate of the step is open, or it waits for a signal
 )
 
 // Checkpoint is a job's execution state: one JetStream KV entry per job,

@@ -60,6 +60,9 @@ type ReceivedSignal struct {
 	By    string          `json:"by,omitempty"`
 	At    time.Time       `json:"at"`
 	Taken string          `json:"taken,omitempty"`
+	// Refused says why the wait step it was for did not take it (its
+	// data broke the step's schema, or its condition failed on it).
+	Refused string `json:"refused,omitempty"`
 }
 
 // MaxKeptSignals bounds the signals a checkpoint keeps: those not taken

@@ -35,7 +35,9 @@ const MaxRequestBytes = 8 << 20
 //	POST /v1/jobs/{id}/retry        {"by", "reason"?, "from"?} → the record once reopened; 409 when it did not fail
 //	POST /v1/jobs/{id}/approvals/{gate}/approve  {"by", "reason"?, "digest"?} → the record once decided; 403 not an approver,
 //	POST /v1/jobs/{id}/approvals/{gate}/reject   404 no such gate, 409 already decided, changed digest or expired (with the record)
-//	     (these five answer 202 when no engine recorded the request within 30 s: it waits in the job's inbox)
+//	POST /v1/jobs/{id}/signals/{name}  {"data"?, "by", "id"?, "start"?: {"workflow", "input"?, "vars"?}} → {"signal", "job"}; 404 no job or
+//	     no wait step for the signal, 409 the job ended; with start, the job is started first when it does not exist
+//	     (these six answer 202 when no engine recorded the request within 30 s: it waits in the job's inbox)
 //	GET  /v1/effects?job=&state=    → {"effects": [...]} (state: prepared, dispatched, confirmed, ambiguous, reconciled)
 //	GET  /v1/effects/{key}          → one effect record (the key may contain '/')
 //	POST /v1/effects/resolve        {"key", "happened", "external_id"?, "result"?, "by", "note"?} → the reconciled record
@@ -68,6 +70,7 @@ func (a *API) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/jobs/{id}/retry", a.control("retry", a.Client.Retry))
 	mux.HandleFunc("POST /v1/jobs/{id}/approvals/{gate}/approve", a.decision("approve", a.Client.Approve))
 	mux.HandleFunc("POST /v1/jobs/{id}/approvals/{gate}/reject", a.decision("reject", a.Client.Reject))
+	mux.HandleFunc("POST /v1/jobs/{id}/signals/{name}", a.signalJob)
 	mux.HandleFunc("GET /v1/effects", a.listEffects)
 	mux.HandleFunc("GET /v1/effects/{key...}", a.getEffect)
 	mux.HandleFunc("POST /v1/effects/resolve", a.resolveEffect)
@@ -138,7 +141,7 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status, body.Code = http.StatusConflict, schemas.CodeApprovalExpired
 	case errors.Is(err, client.ErrNotApprover):
 		status, body.Code = http.StatusForbidden, "forbidden"
-	case errors.Is(err, client.ErrNoSuchGate):
+	case errors.Is(err, client.ErrNoSuchGate), errors.Is(err, client.ErrNoSuchSignal):
 		status, body.Code = http.StatusNotFound, schemas.CodeNotFound
 	}
 	if status == http.StatusInternalServerError && a.Logger != nil {
@@ -465,6 +468,78 @@ func (a *API) controlWith(w http.ResponseWriter, r *http.Request, op string, cal
 	default:
 		writeJSON(w, http.StatusOK, v)
 	}
+}
+
+// signalRequest is the body of POST /v1/jobs/{id}/signals/{name}.
+type signalRequest struct {
+	Data  json.RawMessage `json:"data,omitempty"`
+	By    string          `json:"by"`
+	ID    string          `json:"id,omitempty"`
+	Start *struct {
+		Workflow string            `json:"workflow"`
+		Input    json.RawMessage   `json:"input,omitempty"`
+		Vars     map[string]string `json:"vars,omitempty"`
+	} `json:"start,omitempty"`
+}
+
+// signalJob sends a named signal to a job (starting it first with start).
+func (a *API) signalJob(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := client.ValidateJobID(id); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	data, err := readBody(w, r)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if err := schemas.CheckJSONText(data); err != nil {
+		a.fail(w, r, fmt.Errorf("request body: %w", err))
+		return
+	}
+	var req signalRequest
+	if err := decodeStrict(data, &req); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	sr := client.SignalRequest{Name: r.PathValue("name"), Data: req.Data, By: req.By, ID: req.ID}
+	var v *client.JobView
+	var rs *schemas.ReceivedSignal
+	if req.Start != nil {
+		if req.Start.Workflow == "" {
+			a.fail(w, r, schemas.Errorf(schemas.CodeInputInvalid, "start.workflow is required: the workflow to start the job of"))
+			return
+		}
+		def, err := a.Client.Store().Definitions.Latest(ctx, req.Start.Workflow)
+		if err != nil {
+			a.fail(w, r, err)
+			return
+		}
+		in := req.Start.Input
+		if len(in) == 0 || string(in) == "null" {
+			in = json.RawMessage("{}")
+		}
+		_, v, rs, err = a.Client.SignalWithStart(ctx, def, in, client.StartOptions{JobID: id, Vars: req.Start.Vars}, sr)
+		if err != nil {
+			a.signalFailed(w, r, id, err)
+			return
+		}
+	} else if v, rs, err = a.Client.Signal(ctx, id, sr); err != nil {
+		a.signalFailed(w, r, id, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"signal": rs, "job": v})
+}
+
+func (a *API) signalFailed(w http.ResponseWriter, r *http.Request, id string, err error) {
+	if errors.Is(err, client.ErrControlPending) && r.Context().Err() == nil {
+		writeJSON(w, http.StatusAccepted, map[string]string{"job_id": id, "message": "no engine recorded the signal within 30s: it waits in the job's inbox, and the next engine to run applies it"})
+		return
+	}
+	a.fail(w, r, err)
 }
 
 func (a *API) getHistory(w http.ResponseWriter, r *http.Request) {

@@ -292,3 +292,65 @@ func TestHTTPControlAndApprovals(t *testing.T) {
 		t.Errorf("pause of a completed job: %d %v", code, m)
 	}
 }
+
+// TestHTTPSignals: a signal with start creates the job and its wait step
+// takes the signal; data breaking the schema is 400, a name no wait step
+// has 404, a signal to an ended job 409.
+func TestHTTPSignals(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	srv := httptest.NewServer((&api.API{Client: c, Checks: []schemas.CheckFunc{engine.Check}}).Handler())
+	t.Cleanup(srv.Close)
+	do := func(path, body string) (int, map[string]any) {
+		t.Helper()
+		resp, err := srv.Client().Post(srv.URL+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		var m map[string]any
+		if err := json.Unmarshal(raw, &m); err != nil {
+			t.Fatalf("%s: not JSON: %s", path, raw)
+		}
+		return resp.StatusCode, m
+	}
+	wf := "name: waits\nversion: 1\nsteps:\n  - {id: w, kind: wait, with: {signal: go, schema: {type: object, required: [n]}}, save_as: got}\n"
+	if code, m := do("/v1/workflows", wf); code != http.StatusCreated {
+		t.Fatalf("store workflow: %d %v", code, m)
+	}
+	for _, tc := range []struct {
+		path, body string
+		want       int
+		code       string
+	}{
+		{"/v1/jobs/sig-1/signals/go", `{"by": "hook", "data": {"n": 1}}`, 404, "not_found"}, // no such job, no start
+		{"/v1/jobs/sig-1/signals/go", `{"by": "hook", "start": {}}`, 400, "input_invalid"},
+		{"/v1/jobs/sig-1/signals/go", `{"by": "hook", "start": {"workflow": "nope"}}`, 404, "not_found"},
+		{"/v1/jobs/sig-1/signals/go", `{"by": "hook", "data": {"m": 1}, "start": {"workflow": "waits"}}`, 400, "input_invalid"},
+		{"/v1/jobs/sig-1/signals/stop", `{"by": "hook"}`, 404, "not_found"},
+		{"/v1/jobs/sig-1/signals/bad%20name", `{"by": "hook"}`, 400, "input_invalid"},
+		{"/v1/jobs/sig-1/signals/go", `{"by": "hook", "extra": 1}`, 400, "input_invalid"},
+	} {
+		code, m := do(tc.path, tc.body)
+		if e, _ := m["error"].(map[string]any); code != tc.want || e["code"] != tc.code {
+			t.Errorf("POST %s %s: %d %v, want %d %s", tc.path, tc.body, code, m, tc.want, tc.code)
+		}
+	}
+	code, m := do("/v1/jobs/sig-1/signals/go", `{"by": "hook", "id": "evt-1", "data": {"n": 1}, "start": {"workflow": "waits"}}`)
+	if sig, _ := m["signal"].(map[string]any); code != http.StatusOK || sig["taken"] != "w" {
+		t.Fatalf("signal with start: %d %v", code, m)
+	}
+	testsupport.Eventually(t, 20*time.Second, func() bool {
+		resp, err := srv.Client().Get(srv.URL + "/v1/jobs/sig-1")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		_ = json.NewDecoder(resp.Body).Decode(&m)
+		return m["status"] == string(schemas.JobCompleted)
+	}, "the job never completed: %v", m)
+	if code, m := do("/v1/jobs/sig-1/signals/go", `{"by": "hook", "data": {"n": 2}}`); code != http.StatusConflict {
+		t.Errorf("signal to an ended job: %d %v", code, m)
+	}
+}

@@ -47,6 +47,7 @@ const ServiceTimeout = 30 * time.Second
 //	job.pause, job.resume     {"job", "by", "reason"?}
 //	job.retry                 {"job", "by", "reason"?, "from"?}
 //	job.approve, job.reject   {"job", "gate", "by", "reason"?, "digest"?}
+//	job.signal                {"job", "name", "by", "data"?, "id"?}
 type ServiceRequest struct {
 	// Job is the job's id.
 	Job string `json:"job"`
@@ -62,6 +63,12 @@ type ServiceRequest struct {
 	// Digest is the action decided as the caller saw it; empty: the open
 	// gate's.
 	Digest string `json:"digest,omitempty"`
+	// Name, Data and ID are a signal's (job.signal): its name, its data
+	// (any JSON value) and its id (a repeat with the same id is one
+	// signal).
+	Name string          `json:"name,omitempty"`
+	Data json.RawMessage `json:"data,omitempty"`
+	ID   string          `json:"id,omitempty"`
 }
 
 // ServiceError is the data of an error answer of the job control service:
@@ -178,6 +185,10 @@ func StartService(nc *nats.Conn, c *client.Client, prefix, version string, log *
 		{"job.retry", []string{"job", "by", "reason", "from"}, "reopen a failed job at from or the failed step; the record once reopened", control(c.Retry)},
 		{"job.approve", []string{"job", "gate", "by", "reason", "digest"}, "approve the job's open gate; the record once decided", decide(c.Approve)},
 		{"job.reject", []string{"job", "gate", "by", "reason", "digest"}, "reject the job's open gate; the record once decided", decide(c.Reject)},
+		{"job.signal", []string{"job", "name", "by", "data", "id"}, "send a named signal to the job's wait steps; the record once recorded (under signals)", func(ctx context.Context, r ServiceRequest) (*client.JobView, error) {
+			v, _, err := c.Signal(ctx, r.Job, client.SignalRequest{Name: r.Name, Data: r.Data, By: r.By, ID: r.ID})
+			return v, err
+		}},
 	}
 	g := svc.AddGroup(prefix + ".api")
 	for _, ep := range endpoints {
@@ -266,6 +277,8 @@ func decodeServiceRequest(data []byte, ep serviceEndpoint) (ServiceRequest, erro
 	switch {
 	case r.Job == "":
 		return r, badRequest("request body: job is required (the job's id)")
+	case r.Name == "" && slices.Contains(ep.fields, "name"):
+		return r, badRequest("signal job %s: name is required (the signal's name)", r.Job)
 	case r.Gate == "" && slices.Contains(ep.fields, "gate"):
 		return r, badRequest("%s job %s: gate is required (the approval step's id)", strings.TrimPrefix(ep.subject, "job."), r.Job)
 	}
@@ -337,7 +350,7 @@ func serviceStatus(err error) (string, schemas.Code) {
 		return "409", schemas.CodeApprovalExpired
 	case errors.Is(err, client.ErrNotApprover):
 		return "403", "forbidden"
-	case errors.Is(err, client.ErrNoSuchGate):
+	case errors.Is(err, client.ErrNoSuchGate), errors.Is(err, client.ErrNoSuchSignal):
 		return "404", schemas.CodeNotFound
 	}
 	return "500", "internal"

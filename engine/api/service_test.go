@@ -76,7 +76,7 @@ func (a serviceAnswer) errCode() any {
 }
 
 // TestServiceDiscoverable: the NATS service API's PING and INFO answer
-// for "waymark" with its seven job endpoints under waymark.api.job.* in
+// for "waymark" with its eight job endpoints under waymark.api.job.* in
 // queue group "q"; a development build announces ServiceVersion and a
 // semantic one its own version; another prefix moves the subjects.
 func TestServiceDiscoverable(t *testing.T) {
@@ -109,7 +109,7 @@ func TestServiceDiscoverable(t *testing.T) {
 		}
 	}
 	want := []string{"waymark.api.job.get", "waymark.api.job.cancel", "waymark.api.job.pause", "waymark.api.job.resume",
-		"waymark.api.job.retry", "waymark.api.job.approve", "waymark.api.job.reject"}
+		"waymark.api.job.retry", "waymark.api.job.approve", "waymark.api.job.reject", "waymark.api.job.signal"}
 	if !slices.Equal(subjects, want) {
 		t.Errorf("endpoint subjects %v, want %v", subjects, want)
 	}
@@ -162,6 +162,8 @@ func TestServiceBadRequests(t *testing.T) {
 		{"job.pause", `{"job": "x"}`, "400", "input_invalid", []string{"by"}},
 		{"job.cancel", `{"job": "x", "by": "a\nb"}`, "400", "input_invalid", []string{"control character"}},
 		{"job.approve", `{"job": "x", "by": "ops"}`, "400", "input_invalid", []string{"gate is required"}},
+		{"job.signal", `{"job": "x", "by": "ops"}`, "400", "input_invalid", []string{"name is required"}},
+		{"job.signal", `{"job": "nobody", "name": "go", "by": "ops"}`, "404", "not_found", nil},
 	} {
 		a := call("waymark.api."+tc.subject, tc.body)
 		if a.code != tc.code || a.errCode() != tc.errCode || a.desc == "" {

@@ -1,7 +1,11 @@
 package client
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -293,4 +297,138 @@ func (c *Client) decide(ctx context.Context, op, typ, id, gate string, r Control
 		}
 	}
 	return v, nil
+}
+
+// ErrNoSuchSignal: the job's workflow has no wait step for the signal's
+// name.
+var ErrNoSuchSignal = errors.New("no wait step for this signal")
+
+// SignalRequest is a named signal for a job's wait steps. Name is 1 to 64
+// letters, digits, '_' and '-'; Data any JSON value (at most 64 KiB; null
+// when absent); ID names this signal, so that sending it again is one
+// signal (default: a new id); By as for ControlRequest.
+type SignalRequest struct {
+	Name string          `json:"name"`
+	Data json.RawMessage `json:"data,omitempty"`
+	By   string          `json:"by"`
+	ID   string          `json:"id,omitempty"`
+}
+
+// MaxSignalBytes caps a signal's data.
+const MaxSignalBytes = 64 << 10
+
+// Signal sends r to job id and waits until the engine recorded it: taken
+// by the wait step the job is at, or kept for a later one (a signal that
+// comes first is not lost). It returns the job's record and the signal
+// as recorded. Errors: schemas.ErrNotFound; ErrNotApplicable for an ended
+// job; ErrNoSuchSignal; CodeInputInvalid for a bad name, data that is not
+// JSON or breaks the schema of the wait steps for the name (the message
+// says where), a signal the engine refused (its reason); ErrControlPending.
+func (c *Client) Signal(ctx context.Context, id string, r SignalRequest) (*JobView, *schemas.ReceivedSignal, error) {
+	if err := checkWho("signal", id, ControlRequest{By: r.By}); err != nil {
+		return nil, nil, err
+	}
+	if err := schemas.CheckSignalName(r.Name); err != nil {
+		return nil, nil, schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: %v", id, err)
+	}
+	if r.ID == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		r.ID = hex.EncodeToString(b[:])
+	} else if err := schemas.CheckSignalName(r.ID); err != nil {
+		return nil, nil, schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: id: %v", id, err)
+	}
+	data := bytes.TrimSpace(r.Data)
+	if len(data) == 0 {
+		data = []byte("null")
+	}
+	if len(data) > MaxSignalBytes {
+		return nil, nil, schemas.Errorf(schemas.CodeTooLarge, "signal job %s: data is %d bytes; the limit is %d", id, len(data), MaxSignalBytes)
+	}
+	if err := schemas.CheckJSONText(data); err != nil {
+		return nil, nil, schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: data: %v", id, err)
+	}
+	var doc any
+	if err := json.Unmarshal(data, &doc); err != nil {
+		return nil, nil, schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: data is not JSON: %v", id, err)
+	}
+	cp, err := c.load(ctx, "signal", id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if cp.Status.Terminal() {
+		return nil, nil, fmt.Errorf("signal job %s: it %s: %w", id, cp.Status, ErrNotApplicable)
+	}
+	def, err := c.store.Definitions.Get(ctx, cp.DefinitionHash)
+	if err != nil {
+		return nil, nil, fmt.Errorf("signal job %s: its definition %s: %w", id, short(cp.DefinitionHash), err)
+	}
+	var names []string
+	found := false
+	for i := range def.Steps {
+		s := &def.Steps[i]
+		if s.Kind != schemas.KindWait {
+			continue
+		}
+		w, err := schemas.WaitOf(s)
+		if err != nil {
+			continue
+		}
+		names = append(names, w.Signal)
+		if w.Signal != r.Name {
+			continue
+		}
+		found = true
+		v, err := schemas.CompileSchema(fmt.Sprintf("steps[%d].with.schema", i), w.Schema)
+		if err != nil || v == nil {
+			continue
+		}
+		if err := v.Validate(doc); err != nil {
+			return nil, nil, schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: %s's data does not satisfy the schema of wait step %s: %s", id, r.Name, s.ID, schemas.AsError(err).Message)
+		}
+	}
+	if !found {
+		waits := "none"
+		if len(names) > 0 {
+			waits = strings.Join(names, ", ")
+		}
+		return nil, nil, fmt.Errorf("signal job %s: workflow %s has no wait step for signal %q (it waits for: %s): %w", id, def.Name, r.Name, waits, ErrNoSuchSignal)
+	}
+	sig := schemas.Signal{Job: id, Type: schemas.SignalUser, Name: r.Name, ID: r.ID, Data: data, By: r.By}
+	sigID := r.ID
+	var got *schemas.ReceivedSignal
+	v, err := c.send(ctx, "signal", sig, cp.MsgPrefix()+"/signal/"+sigID, func(n *schemas.Checkpoint) bool {
+		for _, rs := range n.Signals {
+			if rs.ID == sigID {
+				got = rs
+				return true
+			}
+		}
+		return n.Status.Terminal()
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if got == nil {
+		return v, nil, fmt.Errorf("signal job %s: it %s before the signal was recorded: %w", id, v.Status, ErrNotApplicable)
+	}
+	if got.Refused != "" {
+		return v, got, schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: refused by %s", id, got.Refused)
+	}
+	return v, got, nil
+}
+
+// SignalWithStart starts job opts.JobID of def with input when it does
+// not exist (attaches when it does, as Start), then sends it r. Errors:
+// Start's and Signal's.
+func (c *Client) SignalWithStart(ctx context.Context, def *schemas.Definition, input json.RawMessage, opts StartOptions, r SignalRequest) (StartResult, *JobView, *schemas.ReceivedSignal, error) {
+	if opts.JobID == "" {
+		return StartResult{}, nil, nil, schemas.Errorf(schemas.CodeInputInvalid, "signal with start: give the job id, so that a second call finds the same job")
+	}
+	res, err := c.Start(ctx, def, input, opts)
+	if err != nil {
+		return res, nil, nil, err
+	}
+	v, rs, err := c.Signal(ctx, res.JobID, r)
+	return res, v, rs, err
 }

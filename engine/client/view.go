@@ -48,6 +48,9 @@ type JobView struct {
 	Approvals []*schemas.Approval `json:"approvals,omitempty"`
 	// Paused is set while the job is paused (engine pause).
 	Paused *schemas.Pause `json:"paused,omitempty"`
+	// Signals are the named signals the job received: kept for a wait
+	// step, and the last taken (or refused).
+	Signals []*schemas.ReceivedSignal `json:"signals,omitempty"`
 	// Retries counts the times the job was retried after it failed.
 	Retries     int        `json:"retries,omitempty"`
 	CreatedAt   time.Time  `json:"created_at"`
@@ -154,7 +157,7 @@ func NewJobView(cp *schemas.Checkpoint, def *schemas.Definition) *JobView {
 		Steps: []StepView{},
 	}
 	v.Transcripts = cp.Transcripts
-	v.Approvals, v.Paused, v.Retries = cp.Approvals, cp.Paused, cp.Retries
+	v.Approvals, v.Paused, v.Retries, v.Signals = cp.Approvals, cp.Paused, cp.Retries, cp.Signals
 	if cp.Fan != nil {
 		v.Fan = newFanView(cp)
 	}

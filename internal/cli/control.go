@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -376,4 +377,96 @@ func approvalLines(v *client.JobView) []string {
 		out = append(out, line+"; digest "+a.Digest)
 	}
 	return out
+}
+
+func newSignalCmd(g *globals) *cobra.Command {
+	var output, by, data, sigID, start, input string
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "signal JOB NAME [--data FILE] [--id ID] [--start WORKFLOW [--input FILE]]",
+		Short: "Send a named signal to a job's wait steps",
+		Long: `Signal sends the signal NAME, with the JSON in --data (a file, or - for stdin;
+default null), to JOB and waits until the engine recorded it: the wait step for
+NAME the job is at takes it (its output is {signal, id, data, by, at}), or it is
+kept until the job reaches one (a signal that comes first is not lost; a
+checkpoint keeps 32). The data is checked against the wait steps' schema
+before it is sent. --id names the signal, so that sending it again (a retried
+webhook) is one signal. With --start WORKFLOW, the job is started first when it
+does not exist (signal-with-start; an existing job is attached to, as engine
+start --job-id does). Exit 0 once recorded; 1 for an ended job, a name no wait
+step has, or a signal the engine refused; 2 for bad input; 130 when --timeout
+passes first.`,
+		Args: exactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			if by == "" {
+				by = whoami()
+			}
+			if timeout <= 0 {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--timeout %v: want a positive duration", timeout)}
+			}
+			var raw json.RawMessage
+			if data != "" {
+				var err error
+				if raw, err = readInput(data, cmd.InOrStdin()); err != nil {
+					return &ExitError{Code: 2, Err: fmt.Errorf("--data: %w", err)}
+				}
+			}
+			var def *schemas.Definition
+			var in json.RawMessage
+			if start != "" {
+				var err error
+				if def, err = loadWorkflowForAnyWorker(start, nil, nil); err != nil {
+					return &ExitError{Code: 2, Err: err}
+				}
+				if in, err = readInput(input, cmd.InOrStdin()); err != nil {
+					return &ExitError{Code: 2, Err: err}
+				}
+				if err := client.CheckInput(def, in); err != nil {
+					return &ExitError{Code: 2, Err: inputError(input, in, err)}
+				}
+			} else if input != "" {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--input is for --start")}
+			}
+			req := client.SignalRequest{Name: args[1], Data: raw, By: by, ID: sigID}
+			return g.withClient(cmd.Context(), func(c *client.Client, _ *kv.Store) error {
+				ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+				defer cancel()
+				var v *client.JobView
+				var rs *schemas.ReceivedSignal
+				var err error
+				if def != nil {
+					var res client.StartResult
+					res, v, rs, err = c.SignalWithStart(ctx, def, in, client.StartOptions{JobID: args[0]}, req)
+					if err == nil && !res.Attached && output != "json" {
+						fmt.Fprintf(g.stdout, "job %s started\n", args[0])
+					}
+				} else {
+					v, rs, err = c.Signal(ctx, args[0], req)
+				}
+				if err != nil {
+					return controlExit("signal", args[0], timeout, err)
+				}
+				if output == "json" {
+					return printJSON(g.stdout, map[string]any{"signal": rs, "job": v})
+				}
+				what := "kept until the job reaches a wait step for it"
+				if rs.Taken != "" {
+					what = "taken by wait step " + rs.Taken
+				}
+				fmt.Fprintf(g.stdout, "job %s signal %s (id %s) %s; job %s\n", args[0], rs.Name, rs.ID, what, v.Status)
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	cmd.Flags().StringVar(&by, "by", "", "who sends it (default: the current user)")
+	cmd.Flags().StringVar(&data, "data", "", "the signal's data: a JSON file, or - for stdin (default: null)")
+	cmd.Flags().StringVar(&sigID, "id", "", "the signal's id: sending the same id again is one signal (default: a new one)")
+	cmd.Flags().StringVar(&start, "start", "", "a workflow file: start JOB of it first when it does not exist")
+	cmd.Flags().StringVarP(&input, "input", "i", "", "with --start: the job's input, a JSON file or - (default: {})")
+	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for an engine to record it")
+	return cmd
 }
