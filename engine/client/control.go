@@ -325,32 +325,9 @@ const MaxSignalBytes = 64 << 10
 // JSON or breaks the schema of the wait steps for the name (the message
 // says where), a signal the engine refused (its reason); ErrControlPending.
 func (c *Client) Signal(ctx context.Context, id string, r SignalRequest) (*JobView, *schemas.ReceivedSignal, error) {
-	if err := checkWho("signal", id, ControlRequest{By: r.By}); err != nil {
+	r, doc, err := prepareSignal(id, r)
+	if err != nil {
 		return nil, nil, err
-	}
-	if err := schemas.CheckSignalName(r.Name); err != nil {
-		return nil, nil, schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: %v", id, err)
-	}
-	if r.ID == "" {
-		var b [8]byte
-		_, _ = rand.Read(b[:])
-		r.ID = hex.EncodeToString(b[:])
-	} else if err := schemas.CheckSignalName(r.ID); err != nil {
-		return nil, nil, schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: id: %v", id, err)
-	}
-	data := bytes.TrimSpace(r.Data)
-	if len(data) == 0 {
-		data = []byte("null")
-	}
-	if len(data) > MaxSignalBytes {
-		return nil, nil, schemas.Errorf(schemas.CodeTooLarge, "signal job %s: data is %d bytes; the limit is %d", id, len(data), MaxSignalBytes)
-	}
-	if err := schemas.CheckJSONText(data); err != nil {
-		return nil, nil, schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: data: %v", id, err)
-	}
-	var doc any
-	if err := json.Unmarshal(data, &doc); err != nil {
-		return nil, nil, schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: data is not JSON: %v", id, err)
 	}
 	cp, err := c.load(ctx, "signal", id)
 	if err != nil {
@@ -363,38 +340,10 @@ func (c *Client) Signal(ctx context.Context, id string, r SignalRequest) (*JobVi
 	if err != nil {
 		return nil, nil, fmt.Errorf("signal job %s: its definition %s: %w", id, short(cp.DefinitionHash), err)
 	}
-	var names []string
-	found := false
-	for i := range def.Steps {
-		s := &def.Steps[i]
-		if s.Kind != schemas.KindWait {
-			continue
-		}
-		w, err := schemas.WaitOf(s)
-		if err != nil {
-			continue
-		}
-		names = append(names, w.Signal)
-		if w.Signal != r.Name {
-			continue
-		}
-		found = true
-		v, err := schemas.CompileSchema(fmt.Sprintf("steps[%d].with.schema", i), w.Schema)
-		if err != nil || v == nil {
-			continue
-		}
-		if err := v.Validate(doc); err != nil {
-			return nil, nil, schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: %s's data does not satisfy the schema of wait step %s: %s", id, r.Name, s.ID, schemas.AsError(err).Message)
-		}
+	if err := checkSignalFor(def, id, r, doc); err != nil {
+		return nil, nil, err
 	}
-	if !found {
-		waits := "none"
-		if len(names) > 0 {
-			waits = strings.Join(names, ", ")
-		}
-		return nil, nil, fmt.Errorf("signal job %s: workflow %s has no wait step for signal %q (it waits for: %s): %w", id, def.Name, r.Name, waits, ErrNoSuchSignal)
-	}
-	sig := schemas.Signal{Job: id, Type: schemas.SignalUser, Name: r.Name, ID: r.ID, Data: data, By: r.By}
+	sig := schemas.Signal{Job: id, Type: schemas.SignalUser, Name: r.Name, ID: r.ID, Data: r.Data, By: r.By}
 	sigID := r.ID
 	var got *schemas.ReceivedSignal
 	v, err := c.send(ctx, "signal", sig, cp.MsgPrefix()+"/signal/"+sigID, func(n *schemas.Checkpoint) bool {
@@ -418,12 +367,91 @@ func (c *Client) Signal(ctx context.Context, id string, r SignalRequest) (*JobVi
 	return v, got, nil
 }
 
+// prepareSignal checks r for job id (by, name, id, data) and completes
+// it: a new id when none, data null when absent; it returns the decoded
+// data.
+func prepareSignal(id string, r SignalRequest) (SignalRequest, any, error) {
+	if err := checkWho("signal", id, ControlRequest{By: r.By}); err != nil {
+		return r, nil, err
+	}
+	if err := schemas.CheckSignalName(r.Name); err != nil {
+		return r, nil, schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: %v", id, err)
+	}
+	if r.ID == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		r.ID = hex.EncodeToString(b[:])
+	} else if err := schemas.CheckSignalName(r.ID); err != nil {
+		return r, nil, schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: id: %v", id, err)
+	}
+	data := bytes.TrimSpace(r.Data)
+	if len(data) == 0 {
+		data = []byte("null")
+	}
+	if len(data) > MaxSignalBytes {
+		return r, nil, schemas.Errorf(schemas.CodeTooLarge, "signal job %s: data is %d bytes; the limit is %d", id, len(data), MaxSignalBytes)
+	}
+	if err := schemas.CheckJSONText(data); err != nil {
+		return r, nil, schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: data: %v", id, err)
+	}
+	var doc any
+	if err := json.Unmarshal(data, &doc); err != nil {
+		return r, nil, schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: data is not JSON: %v", id, err)
+	}
+	r.Data = data
+	return r, doc, nil
+}
+
+// checkSignalFor checks signal r (data decoded as doc) against def: a
+// wait step must wait for its name, and its data satisfy their schemas.
+func checkSignalFor(def *schemas.Definition, id string, r SignalRequest, doc any) error {
+	var names []string
+	found := false
+	for i := range def.Steps {
+		s := &def.Steps[i]
+		if s.Kind != schemas.KindWait {
+			continue
+		}
+		w, err := schemas.WaitOf(s)
+		if err != nil {
+			continue
+		}
+		names = append(names, w.Signal)
+		if w.Signal != r.Name {
+			continue
+		}
+		found = true
+		v, err := schemas.CompileSchema(fmt.Sprintf("steps[%d].with.schema", i), w.Schema)
+		if err != nil || v == nil {
+			continue
+		}
+		if err := v.Validate(doc); err != nil {
+			return schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: %s's data does not satisfy the schema of wait step %s: %s", id, r.Name, s.ID, schemas.AsError(err).Message)
+		}
+	}
+	if !found {
+		waits := "none"
+		if len(names) > 0 {
+			waits = strings.Join(names, ", ")
+		}
+		return fmt.Errorf("signal job %s: workflow %s has no wait step for signal %q (it waits for: %s): %w", id, def.Name, r.Name, waits, ErrNoSuchSignal)
+	}
+	return nil
+}
+
 // SignalWithStart starts job opts.JobID of def with input when it does
 // not exist (attaches when it does, as Start), then sends it r. Errors:
 // Start's and Signal's.
 func (c *Client) SignalWithStart(ctx context.Context, def *schemas.Definition, input json.RawMessage, opts StartOptions, r SignalRequest) (StartResult, *JobView, *schemas.ReceivedSignal, error) {
 	if opts.JobID == "" {
 		return StartResult{}, nil, nil, schemas.Errorf(schemas.CodeInputInvalid, "signal with start: give the job id, so that a second call finds the same job")
+	}
+	r, doc, err := prepareSignal(opts.JobID, r)
+	if err != nil {
+		return StartResult{}, nil, nil, err
+	}
+	if err := checkSignalFor(def, opts.JobID, r, doc); err != nil {
+		return StartResult{}, nil, nil, err // before the job exists: a bad signal starts nothing
 	}
 	res, err := c.Start(ctx, def, input, opts)
 	if err != nil {
