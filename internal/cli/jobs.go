@@ -339,9 +339,13 @@ func newHistoryCmd(g *globals) *cobra.Command {
 					if h.Data.Seq == 0 {
 						seq = "ledger" // effect events are not checkpoint transitions
 					}
-					var line strings.Builder
-					printEvent(&line, h)
-					fmt.Fprintf(g.stdout, "%s  %-8s %-30s %s\n", h.Time.Format("15:04:05.000"), seq, strings.TrimPrefix(h.Type, "dev.waymark."), strings.TrimSpace(line.String()))
+					for i, row := range historyRows(h) {
+						typ := strings.TrimPrefix(h.Type, "dev.waymark.")
+						if i > 0 {
+							typ = "step.dispatched" // the next step, dispatched by the same transition
+						}
+						fmt.Fprintf(g.stdout, "%s  %-8s %-26s %s\n", h.Time.Format("15:04:05.000"), seq, typ, row)
+					}
 				}
 				return nil
 			})
@@ -349,6 +353,41 @@ func newHistoryCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
 	return cmd
+}
+
+// historyRows are the rows engine history prints for h: what printEvent
+// prints, one row per line (a transition that dispatched the next step has
+// a row for that dispatch), or, for an event it prints nothing for, its
+// step and attempt and what happened.
+func historyRows(h schemas.HistoryEvent) []string {
+	var b strings.Builder
+	printEvent(&b, h)
+	var rows []string
+	for _, l := range strings.Split(strings.TrimRight(b.String(), "\n"), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			rows = append(rows, l)
+		}
+	}
+	if len(rows) > 0 {
+		return rows
+	}
+	d := h.Data
+	what := strings.TrimPrefix(h.Type, "dev.waymark.")
+	switch {
+	case strings.HasPrefix(what, "effect."):
+		what = "effect " + strings.TrimPrefix(what, "effect.") + " " + d.EffectKey
+	case h.Type == schemas.EventJobStarted:
+		what = "started"
+	case h.Type == schemas.EventJobCompleted:
+		what = "completed"
+	}
+	if d.Reason != "" {
+		what += ": " + oneLine(d.Reason, 200)
+	}
+	if d.Step == "" {
+		return []string{what}
+	}
+	return []string{fmt.Sprintf("%-20s attempt %-3d %s", d.Step, d.Attempt, what)}
 }
 
 func newValidateCmd(g *globals) *cobra.Command {
