@@ -185,7 +185,7 @@ func (e *Engine) finish(ctx context.Context, st *settlement) {
 		if p.dispatch {
 			e.ctr.dispatched.Add(uint64(len(p.sends)))
 		}
-		if cp := p.written(); cp.Status.Terminal() || len(p.markAmbiguous) > 0 {
+		if cp := p.written(); cp.Status.Terminal() || len(p.markAmbiguous) > 0 || retried(p) {
 			after = append(after, p)
 		}
 	}
@@ -194,6 +194,12 @@ func (e *Engine) finish(ctx context.Context, st *settlement) {
 		e.injectSteps(ctx, failpoint.EngineAfterDispatch, p)
 	}
 	e.settle(st.plans)
+}
+
+// retried reports whether p's transition reopened a failed job.
+func retried(p *plan) bool {
+	cp := p.written()
+	return p.base != nil && p.base.cp.Status == schemas.JobFailed && cp != nil && cp != p.base.cp && !cp.Status.Terminal()
 }
 
 // afterWrite does, concurrently, what a plan's stored transition calls for
@@ -226,6 +232,16 @@ func (e *Engine) afterWrite(ctx context.Context, ps []*plan) {
 				}
 				if cp.Status == schemas.JobCancelled && p.base != nil {
 					e.afterCancel(ctx, p.base.cp, cp)
+				}
+			}
+			if retried(p) {
+				// Retried: its failed end is listed no more (this engine
+				// wrote that entry before, in an earlier batch's settlement).
+				key := kv.EndedKey(schemas.JobFailed, cp.Workflow, cp.JobID)
+				if ie, err := e.store.Jobs.Get(ctx, key); err == nil {
+					if err := e.store.Jobs.Remove(ctx, key, ie.Revision); err != nil {
+						p.err = fmt.Errorf("job %s retried: remove its entry %s: %w", p.job, key, err)
+					}
 				}
 			}
 			for _, key := range p.markAmbiguous {

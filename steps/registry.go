@@ -200,11 +200,15 @@ func Builtins() *Registry {
 	return r
 }
 
-// Register adds kind under name. Errors: a malformed name, or a name
-// already registered.
+// Register adds kind under name. Errors: a malformed name, a name the
+// engine performs itself (parallel, workflow, approval, sleep, wait), or a
+// name already registered.
 func (r *Registry) Register(name string, kind Kind) error {
 	if !kindNameRE.MatchString(name) {
 		return fmt.Errorf("register step kind %q: want lower-case letters, digits, '_', '.', '-', starting with a letter", name)
+	}
+	if schemas.EngineKind(name) {
+		return fmt.Errorf("register step kind %q: the engine performs steps of this kind itself; pick another name", name)
 	}
 	if kind == nil {
 		return fmt.Errorf("register step kind %q: nil Kind", name)

@@ -50,11 +50,11 @@ steps:
     kind: panic
     effect: pure
   - id: slow
-    kind: wait
+    kind: linger
     effect: pure
     timeout: 200ms
   - id: long
-    kind: wait
+    kind: linger
     effect: pure
   - id: alien
     kind: alien
@@ -146,7 +146,7 @@ func setupWorker(t *testing.T, o workerOptions) *workerBundle {
 		return m, nil
 	})))
 	// wait runs for state.ms milliseconds, or until its context ends.
-	must(b.reg.Register("wait", Func(func(ctx context.Context, c *Call) (any, error) {
+	must(b.reg.Register("linger", Func(func(ctx context.Context, c *Call) (any, error) {
 		b.ran(c.Job)
 		st, err := c.StateMap()
 		if err != nil {
@@ -612,7 +612,7 @@ func TestWorkerStopHandsBack(t *testing.T) {
 	}
 
 	reg := NewRegistry()
-	_ = reg.Register("wait", Func(func(context.Context, *Call) (any, error) { return map[string]any{"quick": true}, nil }))
+	_ = reg.Register("linger", Func(func(context.Context, *Call) (any, error) { return map[string]any{"quick": true}, nil }))
 	w2, _ := b.start(WorkerConfig{Registry: reg, ID: "second"})
 	res := b.result("job-stop")
 	if res.Error != nil || res.Worker != "second" || !res.Redelivered || w2.Stats().Redeliveries != 1 {
