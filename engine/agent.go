@@ -293,11 +293,22 @@ func startCalls(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, calls []sc
 		f.Next++
 		f.Total = f.Next
 		call.Item = f.Next
+		if t.RequiresApproval != nil {
+			ev, fail := openCallGate(c, cp, s, t, &call, now)
+			if fail != nil {
+				return append(evs, failFanStep(c, cp, s, fail, now)...)
+			}
+			a.Calls = append(a.Calls, call)
+			evs = append(evs, ev)
+			continue
+		}
 		a.Calls = append(a.Calls, call)
 		key := toolKey(c, cp, s, t, &call, n+1)
 		evs = append(evs, dispatchTool(c, cp, s, &call, key, 1, 1, time.Time{}, now))
 	}
-	return append(evs, maybeFinishTurn(c, cp, s, now)...)
+	evs = append(evs, maybeFinishTurn(c, cp, s, now)...)
+	waitForCallGates(cp)
+	return evs
 }
 
 // checkArgs returns why a call of tool name with input cannot be
@@ -363,7 +374,9 @@ func applyToolResult(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, res *
 			Job: cp.JobID, Step: s.ID, Attempt: res.Attempt, Item: res.Item, Status: string(schemas.StepCompleted),
 			DurationMs: res.DurationMs, ResultDigest: digest(output), Turn: a.Turn, Tool: call.Name, Call: call.ID, EffectKey: res.EffectKey,
 		}}}
-		return append(evs, maybeFinishTurn(c, cp, s, now)...)
+		evs = append(evs, maybeFinishTurn(c, cp, s, now)...)
+		waitForCallGates(cp)
+		return evs
 	}
 	e = e.At(cp.JobID, s.ID, res.Attempt)
 	policy := c.def.RetryOf(ts)
@@ -390,7 +403,9 @@ func applyToolResult(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, res *
 	a.ToolErrors++
 	call.Done, call.IsError = true, true
 	setContent(cp, call, fmt.Sprintf("tool %s failed: %s", call.Name, e.Message))
-	return append([]event{ev}, maybeFinishTurn(c, cp, s, now)...)
+	evs := append([]event{ev}, maybeFinishTurn(c, cp, s, now)...)
+	waitForCallGates(cp)
+	return evs
 }
 
 // toolContent is a tool's output as the model reads it: a JSON string as

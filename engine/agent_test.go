@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/waymark-dev/waymark/engine/client"
+
 	"github.com/waymark-dev/waymark/internal/testsupport"
 	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
@@ -419,5 +421,79 @@ func TestAgentToolThatIsAChildJob(t *testing.T) {
 	cv, err := b.client.Job(context.Background(), child)
 	if err != nil || cv.ParentJob != id || cv.ParentStep != "agent" {
 		t.Fatalf("child %+v: %v", cv, err)
+	}
+}
+
+// TestAgentToolCallWaitsForApproval: a call of a tool that requires
+// approval waits at its gate, bound to its arguments, while the turn's
+// other calls run; the job waits for approval once nothing else runs;
+// approved, the call is dispatched; a rejected call is answered with an
+// error the model reads and is never dispatched.
+func TestAgentToolCallWaitsForApproval(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	def := b.define(`
+name: agentgate
+version: 1
+steps:
+  - id: agent
+    kind: agent
+    save_as: agent
+    with: {provider: replay, prompt: "buy"}
+    limits: {max_turns: 5}
+    tools:
+      - {name: search, kind: noop, effect: pure}
+      - name: buy
+        kind: noop
+        effect: idempotent
+        input_schema: {type: object, required: [sku], properties: {sku: {type: string}}}
+        requires_approval: {approvers: [alice], action: 'buy {{.args.sku}}'}
+`)
+	id := b.start(def, `{}`, "agent-gate")
+	next(t, ch).reply(turnOut(t, true, "", [3]string{"c1", "search", `{}`}, [3]string{"c2", "buy", `{"sku":"A1"}`}), nil)
+	search := next(t, ch)
+	if search.sm.Tool != "search" {
+		t.Fatalf("dispatched %s", search.sm.Tool)
+	}
+	c := ctx30(t)
+	v, _ := b.client.Job(c, id)
+	if v.Status != schemas.JobRunning || len(v.Approvals) != 1 || v.Approvals[0].ID != "agent.buy/c2" || v.Approvals[0].Action != "buy A1" || string(v.Approvals[0].Data) != `{"sku":"A1"}` {
+		t.Fatalf("while search runs: status %s approvals %+v", v.Status, v.Approvals)
+	}
+	search.reply(json.RawMessage(`{"found": 1}`), nil)
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		v, _ = b.client.Job(c, id)
+		return v.Status == schemas.JobWaitingApproval
+	}, "the job never waited for the call's approval: %s", v.Status)
+	if _, err := b.client.Approve(c, id, "agent.buy", client.ControlRequest{By: "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	buy := next(t, ch)
+	if buy.sm.Tool != "buy" || string(buy.sm.ItemValue) != `{"sku":"A1"}` || !strings.HasSuffix(buy.sm.EffectKey, "/turn-1/c2") {
+		t.Fatalf("approved call: tool %s args %s key %s", buy.sm.Tool, buy.sm.ItemValue, buy.sm.EffectKey)
+	}
+	buy.reply(json.RawMessage(`{"order": "o1"}`), nil)
+	t2 := next(t, ch)
+	t2.reply(turnOut(t, false, "", [3]string{"c3", "buy", `{"sku":"B2"}`}), nil)
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		v, _ = b.client.Job(c, id)
+		return v.Status == schemas.JobWaitingApproval
+	}, "the second call never waited: %s", v.Status)
+	if _, err := b.client.Reject(c, id, "agent.buy/c3", client.ControlRequest{By: "alice", Reason: "not that one"}); err != nil {
+		t.Fatal(err)
+	}
+	t3 := next(t, ch)
+	if t3.sm.Turn != 3 {
+		t.Fatalf("after the rejection came %s turn %d", t3.sm.Tool, t3.sm.Turn)
+	}
+	msgs := b.transcriptOf(t3.sm)
+	last := msgs[len(msgs)-1].Content
+	if len(last) != 1 || last[0].ToolUseID != "c3" || !last[0].IsError || !strings.Contains(last[0].Content, "not approved (rejected by alice: not that one); it was not made") {
+		t.Fatalf("the model reads: %+v", last)
+	}
+	t3.reply(turnOut(t, false, "done"), nil)
+	if v := b.wait(id); v.Status != schemas.JobCompleted {
+		t.Fatalf("status %s %+v", v.Status, v.Error)
 	}
 }

@@ -28,6 +28,9 @@ type compiled struct {
 	actions []*template.Template
 	// waits: by step index, a wait step's settings, schema and condition.
 	waits []*waitStep
+	// toolActions: by step index, the approval action templates of an
+	// agent step's tools that require approval, by tool name.
+	toolActions []map[string]*template.Template
 	// itemKeys: by step index, the for_each.key template, if any.
 	itemKeys []*template.Template
 	// tools: by step index, an agent step's tool input schemas by name.
@@ -189,16 +192,17 @@ func exprType(s *schemas.Shape) types.Type {
 
 func compile(def *schemas.Definition) (*compiled, error) {
 	c := &compiled{
-		def:      def,
-		output:   make([]*schemas.Validator, len(def.Steps)),
-		next:     make([][]transition, len(def.Steps)),
-		needsDoc: make([]bool, len(def.Steps)),
-		keys:     make([]*template.Template, len(def.Steps)),
-		actions:  make([]*template.Template, len(def.Steps)),
-		waits:    make([]*waitStep, len(def.Steps)),
-		itemKeys: make([]*template.Template, len(def.Steps)),
-		tools:    make([]map[string]*schemas.Validator, len(def.Steps)),
-		env:      newFanEnv(),
+		def:         def,
+		output:      make([]*schemas.Validator, len(def.Steps)),
+		next:        make([][]transition, len(def.Steps)),
+		needsDoc:    make([]bool, len(def.Steps)),
+		keys:        make([]*template.Template, len(def.Steps)),
+		actions:     make([]*template.Template, len(def.Steps)),
+		waits:       make([]*waitStep, len(def.Steps)),
+		toolActions: make([]map[string]*template.Template, len(def.Steps)),
+		itemKeys:    make([]*template.Template, len(def.Steps)),
+		tools:       make([]map[string]*schemas.Validator, len(def.Steps)),
+		env:         newFanEnv(),
 	}
 	var err error
 	if c.input, err = schemas.CompileSchema("input_schema", def.InputSchema); err != nil {
@@ -234,6 +238,16 @@ func compile(def *schemas.Definition) (*compiled, error) {
 				c.tools[i] = map[string]*schemas.Validator{}
 			}
 			c.tools[i][t.Name] = v
+			if set := t.RequiresApproval; set != nil && set.Action != "" {
+				tmpl, err := schemas.ParseApprovalAction(s.ID+"."+t.Name, set.Action)
+				if err != nil {
+					return nil, schemas.Errorf(schemas.CodeDefinitionInvalid, "steps[%d].tools[%d]: %v", i, j, err)
+				}
+				if c.toolActions[i] == nil {
+					c.toolActions[i] = map[string]*template.Template{}
+				}
+				c.toolActions[i][t.Name] = tmpl
+			}
 		}
 		if s.ForEach != nil {
 			if c.itemKeys[i], err = schemas.ParseItemKey(s.ID, s.ForEach.Key); err != nil {

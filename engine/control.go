@@ -140,11 +140,14 @@ func controlMayApply(cp *schemas.Checkpoint, sig *schemas.Signal) bool {
 	case schemas.SignalRetry:
 		return cp.Status == schemas.JobFailed
 	case schemas.SignalApprove, schemas.SignalReject:
-		a := cp.PendingApproval(sig.Gate)
-		return a != nil && cp.Current != nil && cp.Current.Gate == a.ID && (sig.Digest == "" || sig.Digest == a.Digest)
+		a := cp.ApprovalByID(sig.Key)
+		if a == nil {
+			a = cp.PendingApproval(sig.Gate)
+		}
+		return a != nil && a.Status == schemas.ApprovalPending && gateOpen(cp, a.ID) && (sig.Digest == "" || sig.Digest == a.Digest)
 	case schemas.SignalApprovalExpired:
 		a := cp.ApprovalByID(sig.Key)
-		return a != nil && a.Status == schemas.ApprovalPending && cp.Current != nil && cp.Current.Gate == a.ID
+		return a != nil && a.Status == schemas.ApprovalPending && gateOpen(cp, a.ID)
 	case schemas.SignalUser:
 		return !cp.Status.Terminal() && !slices.ContainsFunc(cp.Signals, func(r *schemas.ReceivedSignal) bool { return r.ID == sig.ID })
 	case schemas.SignalWaitTimeout:
@@ -189,8 +192,11 @@ func applyControl(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now 
 			Code: schemas.CodeTimeout, Message: fmt.Sprintf("no signal %s came within %v", cur.Wait, time.Duration(w.Timeout))}}, now)
 		return outcomeApplied, evs
 	}
-	// A decision on the open gate.
-	a := cp.ApprovalByID(cp.Current.Gate)
+	// A decision on an open gate.
+	a := cp.ApprovalByID(sig.Key)
+	if a == nil {
+		a = cp.PendingApproval(sig.Gate)
+	}
 	decided := now
 	switch {
 	case sig.Type == schemas.SignalApprovalExpired, a.ExpiresAt != nil && !now.Before(*a.ExpiresAt):
@@ -209,6 +215,9 @@ func applyControl(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now 
 	a.DecidedAt = &decided
 	shown := *a
 	evs := []event{{typ: schemas.EventApprovalDecided, data: schemas.HistoryData{Job: cp.JobID, Step: a.Gate, Status: string(a.Status), By: a.DecidedBy, Reason: a.Reason, Approval: &shown}}}
+	if call := gatedCall(cp, a.ID); call != nil {
+		return outcomeApplied, append(evs, decideCallGate(c, cp, a, call, now)...)
+	}
 	s := c.def.Step(a.Gate)
 	cur := cp.Current
 	res := &schemas.StepResult{Job: cp.JobID, Step: cur.Step, Attempt: cur.Attempt}
@@ -386,6 +395,111 @@ func takeKept(c *compiled, cp *schemas.Checkpoint, now time.Time) []event {
 		more := takeSignal(c, cp, take, &ev, now)
 		evs = append(append(evs, ev), more...)
 	}
+	return evs
+}
+
+// gateOpen reports whether approval id's gate waits in cp: the current
+// dispatch, or an agent's tool call.
+func gateOpen(cp *schemas.Checkpoint, id string) bool {
+	return (cp.Current != nil && cp.Current.Gate == id) || gatedCall(cp, id) != nil
+}
+
+// gatedCall returns the agent tool call of cp that waits for approval id,
+// or nil.
+func gatedCall(cp *schemas.Checkpoint, id string) *schemas.AgentCall {
+	a := agentOf(cp)
+	if a == nil {
+		return nil
+	}
+	for i := range a.Calls {
+		if a.Calls[i].Gate == id {
+			return &a.Calls[i]
+		}
+	}
+	return nil
+}
+
+// openCallGate parks call, of tool t of agent step s, at an approval gate
+// bound to its arguments; it is dispatched once approved.
+func openCallGate(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, t *schemas.Tool, call *schemas.AgentCall, now time.Time) (event, *schemas.Error) {
+	set := t.RequiresApproval
+	gate := s.ID + "." + t.Name
+	action := fmt.Sprintf("call tool %s of step %s with arguments %s", t.Name, s.ID, excerpt(string(call.Input), 1000))
+	if tmpl := c.toolActions[c.def.StepIndex(s.ID)][t.Name]; tmpl != nil {
+		var args any
+		_ = json.Unmarshal(call.Input, &args)
+		text, err := schemas.RenderTemplateWith(tmpl, cp.JobID, s.ID, cp.State, cp.Vars, map[string]any{"args": args})
+		if err != nil {
+			return event{}, &schemas.Error{Code: schemas.CodeInputInvalid, Job: cp.JobID, Step: s.ID, Message: fmt.Sprintf("approval action of tool %s: %v", t.Name, err)}
+		}
+		action = text
+	}
+	bound, _ := schemas.Marshal(struct {
+		Gate   string          `json:"gate"`
+		Action string          `json:"action"`
+		Args   json.RawMessage `json:"args"`
+	}{gate, action, call.Input})
+	sum := sha256.Sum256(bound)
+	ap := &schemas.Approval{ID: gate + "/" + call.ID, Gate: gate, Run: cp.Fan.Run, Digest: hex.EncodeToString(sum[:]), Action: action,
+		Approvers: set.Approvers, Status: schemas.ApprovalPending, RequestedAt: now}
+	if len(call.Input) <= maxGateData {
+		ap.Data = call.Input
+	}
+	if set.ExpiresIn > 0 {
+		at := now.Add(time.Duration(set.ExpiresIn))
+		ap.ExpiresAt = &at
+	}
+	cp.Approvals = append(cp.Approvals, ap)
+	call.Gate = ap.ID
+	shown := *ap
+	return event{typ: schemas.EventApprovalRequested, data: schemas.HistoryData{Job: cp.JobID, Step: s.ID, Tool: t.Name, Call: call.ID,
+		Turn: cp.Fan.Agent.Turn, Status: string(ap.Status), Approval: &shown}}, nil
+}
+
+// waitForCallGates makes a running agent job whose only open business is
+// tool calls waiting for approval JobWaitingApproval (and one whose
+// gates were all decided running again).
+func waitForCallGates(cp *schemas.Checkpoint) {
+	a := agentOf(cp)
+	if a == nil || (cp.Status != schemas.JobRunning && cp.Status != schemas.JobWaitingApproval) {
+		return
+	}
+	gated := slices.ContainsFunc(a.Calls, func(c schemas.AgentCall) bool { return c.Gate != "" })
+	switch {
+	case gated && len(cp.Fan.Running) == 0 && len(cp.Fan.Blocked) == 0:
+		cp.Status = schemas.JobWaitingApproval
+	case cp.Status == schemas.JobWaitingApproval && (!gated || len(cp.Fan.Running) > 0):
+		cp.Status = schemas.JobRunning
+	}
+}
+
+// decideCallGate applies a's decision to the tool call waiting on it:
+// approved, the call is dispatched; rejected or expired, it is answered
+// with an error the model reads.
+func decideCallGate(c *compiled, cp *schemas.Checkpoint, a *schemas.Approval, call *schemas.AgentCall, now time.Time) []event {
+	s := c.def.Step(cp.Fan.Step)
+	call.Gate = ""
+	cp.Status = schemas.JobRunning
+	var evs []event
+	if a.Status == schemas.ApprovalApproved {
+		t := s.ToolOf(call.Name)
+		n := slices.IndexFunc(cp.Fan.Agent.Calls, func(x schemas.AgentCall) bool { return x.ID == call.ID }) + 1
+		key := toolKey(c, cp, s, t, call, n)
+		evs = append(evs, dispatchTool(c, cp, s, call, key, 1, 1, time.Time{}, now))
+	} else {
+		why := string(a.Status)
+		if a.DecidedBy != "" {
+			why += " by " + a.DecidedBy
+		}
+		if a.Reason != "" {
+			why += ": " + a.Reason
+		}
+		cp.Fan.Agent.ToolErrors++
+		call.Done, call.IsError = true, true
+		setContent(cp, call, fmt.Sprintf("the call of tool %s was not approved (%s); it was not made", call.Name, why))
+		evs = append(evs, maybeFinishTurn(c, cp, s, now)...)
+	}
+	waitForCallGates(cp)
 	return evs
 }
 

@@ -66,7 +66,10 @@ func (e *Engine) startPublish(ctx context.Context, ps []*plan) *settlement {
 				if d.Held {
 					continue
 				}
-				if d.Gate != "" || d.Due != nil || d.Wait != "" {
+				if d.Gate != "" {
+					continue // its expiry timer is set below, with the other gates'
+				}
+				if d.Due != nil || d.Wait != "" {
 					if err := e.scheduleTimer(ctx, cp, d); err != nil {
 						p.err = err
 						break
@@ -109,6 +112,15 @@ func (e *Engine) startPublish(ctx context.Context, ps []*plan) *settlement {
 			if p.err != nil {
 				continue
 			}
+		}
+		for _, a := range openedGates(p, cp) {
+			if err := e.scheduleExpiry(ctx, cp, a); err != nil {
+				p.err = err
+				break
+			}
+		}
+		if p.err != nil {
+			continue
 		}
 		st.inflight[p] = fs
 	}
@@ -411,23 +423,11 @@ func (e *Engine) stepMessage(cp *schemas.Checkpoint, d *schemas.Dispatch) (*nats
 	return m, nil
 }
 
-// scheduleTimer sets the durable timer of d, a gate, a sleep or a wait: a
-// gate with an expiry gets its approval_expired signal at the expiry, a
-// wait with a timeout its wait_timeout signal, a sleep its result at its
+// scheduleTimer sets the durable timer of d, a sleep or a wait: a wait
+// with a timeout gets its wait_timeout signal, a sleep its result at its
 // due time (kv.Store.ScheduleTimer). Setting it again
 // (a transition published again) replaces the schedule.
 func (e *Engine) scheduleTimer(ctx context.Context, cp *schemas.Checkpoint, d *schemas.Dispatch) error {
-	if d.Gate != "" {
-		a := cp.ApprovalByID(d.Gate)
-		if a == nil || a.ExpiresAt == nil || a.Status != schemas.ApprovalPending {
-			return nil
-		}
-		sig, err := json.Marshal(schemas.Signal{Job: cp.JobID, Type: schemas.SignalApprovalExpired, Key: a.ID, By: "the gate's expiry", At: *a.ExpiresAt})
-		if err != nil {
-			return err
-		}
-		return e.store.ScheduleTimer(ctx, cp.JobID, timerName("approval", d.Step), *a.ExpiresAt, kv.InboxSignal, nil, sig, cp.MsgPrefix()+"/expire/"+a.ID)
-	}
 	if d.Wait != "" {
 		if d.Due == nil {
 			return nil // waits without end: nothing to set
@@ -448,10 +448,39 @@ func (e *Engine) scheduleTimer(ctx context.Context, cp *schemas.Checkpoint, d *s
 	return e.store.ScheduleTimer(ctx, cp.JobID, timerName("sleep", d.Step), *d.Due, kv.InboxResult, hdr, data, d.MsgID+"/result")
 }
 
+// openedGates are the pending approvals with an expiry that p's
+// transition opened (every pending one when it publishes again).
+func openedGates(p *plan, cp *schemas.Checkpoint) []*schemas.Approval {
+	var had map[string]bool
+	if !p.republish && p.base != nil && p.base.cp != cp {
+		had = map[string]bool{}
+		for _, a := range p.base.cp.Approvals {
+			had[a.ID] = true
+		}
+	}
+	var out []*schemas.Approval
+	for _, a := range cp.Approvals {
+		if a.Status == schemas.ApprovalPending && a.ExpiresAt != nil && !had[a.ID] {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// scheduleExpiry sets the timer of approval a's expiry: its
+// approval_expired signal at a.ExpiresAt.
+func (e *Engine) scheduleExpiry(ctx context.Context, cp *schemas.Checkpoint, a *schemas.Approval) error {
+	sig, err := json.Marshal(schemas.Signal{Job: cp.JobID, Type: schemas.SignalApprovalExpired, Key: a.ID, By: "the gate's expiry", At: *a.ExpiresAt})
+	if err != nil {
+		return err
+	}
+	return e.store.ScheduleTimer(ctx, cp.JobID, timerName("approval", a.ID), *a.ExpiresAt, kv.InboxSignal, nil, sig, cp.MsgPrefix()+"/expire/"+a.ID)
+}
+
 // timerName is a timer's subject token: kind and step, the step id's
 // dots (not allowed in a token) replaced.
 func timerName(kind, step string) string {
-	return kind + "-" + strings.ReplaceAll(step, ".", "_")
+	return kind + "-" + strings.NewReplacer(".", "_", "/", "_", "*", "_", ">", "_", " ", "_").Replace(step)
 }
 
 // afterCancel finishes the cancel of base, now written as cp: the step

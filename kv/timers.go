@@ -31,7 +31,9 @@ const (
 
 // TimerSubject is the subject of job's schedule name (one schedule per
 // subject: setting it again replaces it).
-func (n Names) TimerSubject(job, name string) string { return n.TimerPrefix + "set." + job + "." + name }
+func (n Names) TimerSubject(job, name string) string {
+	return n.TimerPrefix + "set." + job + "." + name
+}
 
 // TimerDueSubject is where job's schedules fire.
 func (n Names) TimerDueSubject(job string) string { return n.TimerPrefix + "due." + job }

@@ -49,6 +49,11 @@ type Tool struct {
 	Pool         string          `json:"pool,omitempty"`
 	Retry        *RetryPolicy    `json:"retry,omitempty"`
 	Timeout      Duration        `json:"timeout,omitempty"`
+	// RequiresApproval parks each call of the tool at an approval gate
+	// (gate "<step>.<tool>", id "<step>.<tool>/<tool_use id>") bound to
+	// the call's arguments; the turn's other calls go on meanwhile. A
+	// rejected or expired call is answered with an error the model reads.
+	RequiresApproval *ApprovalSettings `json:"requires_approval,omitempty"`
 }
 
 // AgentLimits bound one run of an agent step; 0 means no limit, except
@@ -213,6 +218,9 @@ type AgentCall struct {
 	IsError bool   `json:"is_error,omitempty"`
 	// ContentRef holds a long Content (a JSON string) in the value store.
 	ContentRef *TranscriptPart `json:"content_ref,omitempty"`
+	// Gate is the id of the approval the call waits for before it is
+	// dispatched; empty once decided (or for a tool without approval).
+	Gate string `json:"gate,omitempty"`
 }
 
 // Clone copies a deeply enough that changing the copy leaves a as it was.

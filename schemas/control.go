@@ -179,6 +179,12 @@ func ParseApprovalAction(stepID, text string) (*template.Template, error) {
 // template) over .state (decoded from state), .vars, .job and .step. It
 // returns the decode or execution error.
 func RenderTemplate(t *template.Template, job, step string, state json.RawMessage, vars map[string]string) (string, error) {
+	return RenderTemplateWith(t, job, step, state, vars, nil)
+}
+
+// RenderTemplateWith is RenderTemplate with more names (an agent tool
+// call's .args, say) beside .state, .vars, .job and .step.
+func RenderTemplateWith(t *template.Template, job, step string, state json.RawMessage, vars map[string]string, more map[string]any) (string, error) {
 	var doc map[string]any
 	if len(state) > 0 {
 		if err := json.Unmarshal(state, &doc); err != nil {
@@ -188,8 +194,12 @@ func RenderTemplate(t *template.Template, job, step string, state json.RawMessag
 	if doc == nil {
 		doc = map[string]any{}
 	}
+	data := map[string]any{"state": doc, "vars": vars, "job": job, "step": step}
+	for k, v := range more {
+		data[k] = v
+	}
 	var b strings.Builder
-	if err := t.Execute(&b, map[string]any{"state": doc, "vars": vars, "job": job, "step": step}); err != nil {
+	if err := t.Execute(&b, data); err != nil {
 		return "", err
 	}
 	return b.String(), nil
@@ -206,6 +216,23 @@ func checkControls(d *Definition) []Problem {
 	for _, s := range d.Steps {
 		for _, b := range s.Branches {
 			branch[b] = s.ID
+		}
+	}
+	for i := range d.Steps {
+		s := &d.Steps[i]
+		for j, t := range s.Tools {
+			if set := t.RequiresApproval; set != nil {
+				at := fmt.Sprintf("/steps/%d/tools/%d/requires_approval", i, j)
+				if _, err := ParseApprovalAction(s.ID+"."+t.Name, set.Action); err != nil {
+					add(at+"/action", "%v", err)
+				}
+				if set.Data != "" {
+					add(at+"/data", "a tool's approval binds to the call's arguments: data is for steps")
+				}
+				if set.ExpiresIn < 0 {
+					add(at+"/expires_in", "expires_in is %v: want a positive duration, or none (open until decided)", time.Duration(set.ExpiresIn))
+				}
+			}
 		}
 	}
 	for i := range d.Steps {

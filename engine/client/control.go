@@ -242,10 +242,25 @@ func (c *Client) decide(ctx context.Context, op, typ, id, gate string, r Control
 		return nil, err
 	}
 	var a *schemas.Approval
+	var open []string
 	for _, g := range cp.Approvals {
-		if g.Gate == gate || g.ID == gate {
-			a = g // the latest run's
+		if g.ID == gate {
+			a = g
+			open = nil
+			break
 		}
+		if g.Gate == gate {
+			a = g // the latest run's
+			if g.Status == schemas.ApprovalPending {
+				open = append(open, g.ID)
+			}
+		}
+	}
+	if len(open) > 1 {
+		return nil, fmt.Errorf("%s job %s: gate %s has %d open approvals (one per tool call); name one by its id: %s: %w", op, id, gate, len(open), strings.Join(open, ", "), ErrNoSuchGate)
+	}
+	if len(open) == 1 {
+		a = cp.ApprovalByID(open[0])
 	}
 	if a == nil {
 		open := []string{}
@@ -276,7 +291,7 @@ func (c *Client) decide(ctx context.Context, op, typ, id, gate string, r Control
 	if len(a.Approvers) > 0 && !slices.Contains(a.Approvers, r.By) {
 		return nil, fmt.Errorf("%s job %s: gate %s may be decided by %s, not %s: %w", op, id, a.ID, strings.Join(a.Approvers, ", "), r.By, ErrNotApprover)
 	}
-	sig := schemas.Signal{Job: id, Type: typ, Gate: a.Gate, Digest: a.Digest, By: r.By, Reason: r.Reason}
+	sig := schemas.Signal{Job: id, Type: typ, Gate: a.Gate, Key: a.ID, Digest: a.Digest, By: r.By, Reason: r.Reason}
 	gateID := a.ID
 	v, err := c.send(ctx, op, sig, cp.MsgPrefix()+"/decide/"+gateID, func(n *schemas.Checkpoint) bool {
 		g := n.ApprovalByID(gateID)
