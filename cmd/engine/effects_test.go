@@ -1095,6 +1095,12 @@ func TestJobRetention(t *testing.T) {
 		t.Fatalf("job %s: %s, want completed", done, v.Status)
 	}
 	ended := *v.CompletedAt
+	// The sweep reads the index of ended jobs, which follows the last
+	// checkpoint.
+	testsupport.Eventually(t, 20*time.Second, func() bool {
+		page, err := b.client.List(ctx, client.ListFilter{Status: schemas.JobCompleted})
+		return err == nil && len(page.Jobs) == 1 && page.Jobs[0].ID == done
+	}, "job %s never listed as completed", done)
 
 	sweep(ended.Add(retention / 2))
 	if n := count(done); n != 3 || b.engine.Stats().EffectsSwept != 0 {
