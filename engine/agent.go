@@ -103,7 +103,7 @@ func toolKey(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, t *schemas.To
 	if c.def.ToolEffectOf(s, t) == schemas.EffectPure {
 		return ""
 	}
-	return schemas.ToolCallKey(cp.KeyBase(), s.ID, cp.Fan.Run, cp.Fan.Agent.Turn, call.ID, n)
+	return schemas.ToolCallKey(cp.KeyBaseFor(s.ID, cp.Fan.Run), s.ID, cp.Fan.Run, cp.Fan.Agent.Turn, call.ID, n)
 }
 
 // applyAgentResult applies the result of one of the agent's dispatches.
@@ -678,6 +678,9 @@ func childPart(id string, item int) string {
 func countOf(n int, what string) string {
 	if n == 1 {
 		return "1 " + what
+	}
+	if strings.HasSuffix(what, "ch") || strings.HasSuffix(what, "s") {
+		return strconv.Itoa(n) + " " + what + "es"
 	}
 	return strconv.Itoa(n) + " " + what + "s"
 }

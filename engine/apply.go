@@ -37,7 +37,11 @@ const (
 // state are checked against the definition's schemas; a failure is
 // schemas.ErrInputInvalid and nothing is stored.
 func pendingJob(c *compiled, req *schemas.StartRequest, msgID string, now time.Time) (*schemas.Checkpoint, error) {
-	input, err := schemas.CheckJobInput(req.Input, c.input, c.state)
+	inputSchema := c.input
+	if req.Fork != nil {
+		inputSchema = nil // a fork's input is the state it starts with
+	}
+	input, err := schemas.CheckJobInput(req.Input, inputSchema, c.state)
 	if err != nil {
 		e := schemas.AsError(err)
 		return nil, (&schemas.Error{Code: e.Code, Message: e.Message, Job: req.JobID}).WithCause(e.Unwrap())
@@ -57,7 +61,19 @@ func startJob(c *compiled, cp *schemas.Checkpoint, now time.Time) []event {
 	}
 	cp.State = state
 	started := event{typ: schemas.EventJobStarted, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status)}}
-	next := enter(c, cp, c.def.StartStep(), now)
+	from := c.def.StartStep()
+	if f := cp.Fork; f != nil && c.def.Step(f.From) != nil {
+		// A fork starts where its parent was, with the parent's runs.
+		from = f.From
+		for step, n := range f.Runs {
+			if c.def.Step(step) != nil && n > 0 {
+				rec := stepRecord(c, cp, step)
+				rec.Runs, rec.Status = n, schemas.StepCompleted
+			}
+		}
+		started.data.Reason = fmt.Sprintf("forked from job %s at seq %d", f.Parent, f.Seq)
+	}
+	next := enter(c, cp, from, now)
 	// The input as the job holds it once started: a map starting at once
 	// keeps its list by reference, in the event too.
 	started.data.Input = cp.State
@@ -114,7 +130,7 @@ func dispatch(c *compiled, cp *schemas.Checkpoint, step string, newRun bool, not
 	}
 	var key string
 	if c.def.EffectOf(s) != schemas.EffectPure {
-		k, err := schemas.EffectKey(c.def, s, cp.JobID, cp.KeyBase(), runs, c.keys[idx], cp.State, cp.Vars)
+		k, err := schemas.EffectKey(c.def, s, cp.JobID, cp.KeyBaseFor(step, runs), runs, c.keys[idx], cp.State, cp.Vars)
 		if err != nil {
 			return failJob(cp, &schemas.Error{Code: schemas.CodeInputInvalid, Job: cp.JobID, Step: step, Message: err.Error()}, now)
 		}

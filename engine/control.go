@@ -5,10 +5,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/expr-lang/expr"
 
@@ -65,7 +67,7 @@ func openGate(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, rec *schemas
 func (c *compiled) renderGate(cp *schemas.Checkpoint, s *schemas.Step, idx, run int, set *schemas.ApprovalSettings) (*schemas.Approval, *schemas.Error) {
 	var key string
 	if s.Kind != schemas.KindApproval && c.def.EffectOf(s) != schemas.EffectPure {
-		k, err := schemas.EffectKey(c.def, s, cp.JobID, cp.KeyBase(), run, c.keys[idx], cp.State, cp.Vars)
+		k, err := schemas.EffectKey(c.def, s, cp.JobID, cp.KeyBaseFor(s.ID, run), run, c.keys[idx], cp.State, cp.Vars)
 		if err != nil {
 			return nil, &schemas.Error{Code: schemas.CodeInputInvalid, Job: cp.JobID, Step: s.ID, Message: err.Error()}
 		}
@@ -82,6 +84,7 @@ func (c *compiled) renderGate(cp *schemas.Checkpoint, s *schemas.Step, idx, run 
 		}
 		action = text
 	}
+	action = printable(action)
 	data := json.RawMessage(cp.State)
 	if set.Data != "" {
 		v, _, err := cutPath(cp.State, strings.Split(set.Data, "."))
@@ -106,9 +109,41 @@ func (c *compiled) renderGate(cp *schemas.Checkpoint, s *schemas.Step, idx, run 
 		data = nil // bound by the digest, not copied into every checkpoint
 	}
 	return &schemas.Approval{
-		ID: s.ID + "/" + strconv.Itoa(run), Gate: s.ID, Run: run, Digest: hex.EncodeToString(sum[:]), Action: action, Data: data,
+		ID: uniqueApprovalID(cp, s.ID+"/"+strconv.Itoa(run)), Gate: s.ID, Run: run, Digest: hex.EncodeToString(sum[:]), Action: action, Data: data,
 		Approvers: set.Approvers, Status: schemas.ApprovalPending,
 	}, nil
+}
+
+// printable is s with its control characters (a terminal's escape
+// sequences, carriage returns) written as \u escapes: an approval's action
+// is shown to people, and text from state must not change what they see.
+func printable(s string) string {
+	if !strings.ContainsFunc(s, unicode.IsControl) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			fmt.Fprintf(&b, "\\u%04x", r)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// uniqueApprovalID is id, or, when cp has an approval of that id already
+// (a gate reached again after a retry or a rewind, whose run number comes
+// back), id with ".<n>" added.
+func uniqueApprovalID(cp *schemas.Checkpoint, id string) string {
+	if cp.ApprovalByID(id) == nil {
+		return id
+	}
+	for n := 2; ; n++ {
+		if c := id + "." + strconv.Itoa(n); cp.ApprovalByID(c) == nil {
+			return c
+		}
+	}
 }
 
 // maxGateData is the largest bound value an approval keeps a copy of
@@ -152,6 +187,9 @@ func controlMayApply(cp *schemas.Checkpoint, sig *schemas.Signal) bool {
 		return !cp.Status.Terminal() && !slices.ContainsFunc(cp.Signals, func(r *schemas.ReceivedSignal) bool { return r.ID == sig.ID })
 	case schemas.SignalWaitTimeout:
 		return cp.Status == schemas.JobRunning && cp.Current != nil && cp.Current.Wait != "" && cp.Current.MsgID == sig.Key
+	case schemas.SignalRewind:
+		return cp.Status == schemas.JobFailed || cp.Status == schemas.JobCompleted || cp.Status == schemas.JobWaitingApproval ||
+			(cp.Paused != nil && !cp.Status.Terminal())
 	}
 	return false
 }
@@ -161,6 +199,10 @@ func controlMayApply(cp *schemas.Checkpoint, sig *schemas.Signal) bool {
 func applyControl(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now time.Time) (outcome, []event) {
 	if !controlMayApply(cp, sig) {
 		return outcomeStale, nil
+	}
+	switch sig.Type {
+	case schemas.SignalPause, schemas.SignalResume, schemas.SignalRetry, schemas.SignalRewind:
+		cp.LastControl = &schemas.ControlRecord{ID: sig.ID, Type: sig.Type, By: sig.By, At: now}
 	}
 	switch sig.Type {
 	case schemas.SignalPause:
@@ -183,6 +225,8 @@ func applyControl(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now 
 		return outcomeApplied, []event{{typ: schemas.EventJobUnpaused, data: schemas.HistoryData{Job: cp.JobID, By: sig.By, Reason: strings.TrimPrefix(sig.Reason+"; ", "; ") + countOf(released, "held dispatch") + " sent"}}}
 	case schemas.SignalRetry:
 		return outcomeApplied, retryJob(c, cp, sig, now)
+	case schemas.SignalRewind:
+		return outcomeApplied, rewindJob(c, cp, sig, now)
 	case schemas.SignalUser:
 		return outcomeApplied, receiveSignal(c, cp, sig, now)
 	case schemas.SignalWaitTimeout:
@@ -205,7 +249,7 @@ func applyControl(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now 
 		a.Status, a.DecidedBy = schemas.ApprovalExpired, ""
 		a.Reason = "expired at " + a.ExpiresAt.UTC().Format(time.RFC3339)
 		if sig.Type != schemas.SignalApprovalExpired {
-			a.Reason += "; a " + sig.Type + " by " + sig.By + " came after"
+			a.Reason += "; " + map[string]string{schemas.SignalApprove: "an approval", schemas.SignalReject: "a rejection"}[sig.Type] + " by " + sig.By + " came after"
 		}
 	case sig.Type == schemas.SignalApprove:
 		a.Status, a.DecidedBy, a.Reason = schemas.ApprovalApproved, sig.By, sig.Reason
@@ -434,13 +478,14 @@ func openCallGate(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, t *schem
 		}
 		action = text
 	}
+	action = printable(action)
 	bound, _ := schemas.Marshal(struct {
 		Gate   string          `json:"gate"`
 		Action string          `json:"action"`
 		Args   json.RawMessage `json:"args"`
 	}{gate, action, call.Input})
 	sum := sha256.Sum256(bound)
-	ap := &schemas.Approval{ID: gate + "/" + call.ID, Gate: gate, Run: cp.Fan.Run, Digest: hex.EncodeToString(sum[:]), Action: action,
+	ap := &schemas.Approval{ID: uniqueApprovalID(cp, gate+"/"+call.ID), Gate: gate, Run: cp.Fan.Run, Digest: hex.EncodeToString(sum[:]), Action: action,
 		Approvers: set.Approvers, Status: schemas.ApprovalPending, RequestedAt: now}
 	if len(call.Input) <= maxGateData {
 		ap.Data = call.Input
@@ -537,7 +582,7 @@ func retryJob(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now time
 	cp.Current, cp.Fan, cp.Blocked = nil, nil, nil
 	cp.Retries++
 	if sig.IndexRev != 0 {
-		cp.IndexRev = sig.IndexRev
+		cp.ActiveRev = sig.IndexRev // its creation, and so its message ids and ledger records, stay
 	}
 	why := "after " + string(prev.Code)
 	if prev.Message != "" {
@@ -553,6 +598,48 @@ func retryJob(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now time
 // unheld returns the dispatches of ds that are not held.
 func unheld(ds []*schemas.Dispatch) []*schemas.Dispatch {
 	return slices.DeleteFunc(ds, func(d *schemas.Dispatch) bool { return d.Held })
+}
+
+// rewindJob sets cp back to sequence sig.Seq: its state then, each step's
+// runs then (so that running a step again reuses the idempotency key of
+// the run it had then: an effect confirmed since answers from the
+// ledger), and goes on from step sig.From. Open gates of the timeline left
+// behind expire; what was in flight is dropped (its results are stale).
+func rewindJob(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now time.Time) []event {
+	if c.def.Step(sig.From) == nil || len(sig.State) == 0 {
+		return nil
+	}
+	if cp.Steps == nil {
+		cp.Steps = map[string]*schemas.StepRecord{}
+	}
+	for i := range c.def.Steps {
+		if cp.Completed.Has(i) {
+			stepRecord(c, cp, c.def.Steps[i].ID)
+		}
+	}
+	for id, rec := range cp.Steps {
+		rec.Runs, rec.RunAttempt, rec.LastError = sig.Runs[id], 0, nil
+		rec.Status = schemas.StepPending
+		if rec.Runs > 0 {
+			rec.Status = schemas.StepCompleted
+		}
+	}
+	for _, a := range cp.Approvals {
+		if a.Status == schemas.ApprovalPending {
+			t := now
+			a.Status, a.DecidedAt, a.Reason = schemas.ApprovalExpired, &t, fmt.Sprintf("discarded: the job was rewound to seq %d", sig.Seq)
+		}
+	}
+	cp.State = sig.State
+	cp.Status, cp.Error, cp.CompletedAt = schemas.JobRunning, nil, nil
+	cp.Current, cp.Fan, cp.Blocked = nil, nil, nil
+	if sig.IndexRev != 0 {
+		cp.ActiveRev = sig.IndexRev // its creation, and so its message ids and ledger records, stay
+	}
+	runs := maps.Clone(sig.Runs)
+	evs := []event{{typ: schemas.EventJobRewound, data: schemas.HistoryData{Job: cp.JobID, Step: sig.From, By: sig.By, Reason: sig.Reason,
+		Status: string(schemas.JobRunning), ToSeq: sig.Seq, Runs: runs}}}
+	return append(evs, dispatchOrStop(c, cp, sig.From, true, time.Time{}, now)...)
 }
 
 // heldOrReleased marks the new dispatches of next Held while it is paused,
@@ -585,4 +672,18 @@ func heldOrReleased(base, next *schemas.Checkpoint, sends []*schemas.Dispatch) [
 		}
 	}
 	return sends
+}
+
+// stateDelta is the state change from base to next for next's history
+// (schemas.DiffState); long members are staged in next.Unsaved and
+// referenced. Nil when the state did not change (or cannot be read).
+func stateDelta(base, next *schemas.Checkpoint) json.RawMessage {
+	d, err := schemas.DiffState(base.State, next.State, func(v []byte) schemas.ValueRef {
+		next.Unsaved = append(next.Unsaved, slices.Clone(v))
+		return schemas.NewValueRef(v)
+	})
+	if err != nil {
+		return nil
+	}
+	return d
 }

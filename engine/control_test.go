@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -588,5 +589,124 @@ steps:
 	res, _, _, err = b.client.SignalWithStart(c, def, json.RawMessage(`{}`), client.StartOptions{JobID: "sws-1"}, req)
 	if !res.Attached || !errors.Is(err, client.ErrNotApplicable) {
 		t.Fatalf("second: %+v %v", res, err)
+	}
+}
+
+// TestRewindAcrossAConfirmedEffect: a failed job rewound to the sequence
+// at which its charge step was dispatched goes on from there with the
+// state it had then; the charge runs again under its first run's
+// idempotency key (the ledger answers a confirmed charge, it is not made
+// twice), and StateAt rebuilds each sequence from the history.
+func TestRewindAcrossAConfirmedEffect(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	id := b.start(b.define(`
+name: rewound
+version: 1
+defaults: {retry: {max_attempts: 1}}
+steps:
+  - {id: quote, kind: noop, save_as: quote, next: [{to: charge}]}
+  - {id: charge, kind: noop, effect: idempotent, save_as: charge, next: [{to: mail}]}
+  - {id: mail, kind: noop, effect: idempotent, save_as: mail}
+`), `{"order": "A-1"}`, "rewind-1")
+	b.nextOf(id, ch).reply(json.RawMessage(`{"price": 40}`), nil)
+	charge := b.nextOf(id, ch)
+	charge.reply(json.RawMessage(`{"id": "ch_1"}`), nil)
+	b.nextOf(id, ch).reply(nil, &schemas.Error{Code: schemas.CodeProvider, Message: "mail down"})
+	if v := b.wait(id); v.Status != schemas.JobFailed {
+		t.Fatalf("status %s", v.Status)
+	}
+	c := ctx30(t)
+	evs, err := b.client.History(c, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var at uint64
+	for _, e := range evs {
+		if e.Type == schemas.EventStepDispatched && e.Data.Step == "charge" {
+			at = e.Data.Seq
+		}
+		if e.Type == schemas.EventStepCompleted && e.Data.Step == "quote" && e.Data.Next == "charge" {
+			at = e.Data.Seq
+		}
+	}
+	snap, err := b.client.StateAt(c, id, at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.Next != "charge" || string(snap.State) != `{"order":"A-1","quote":{"price":40}}` || snap.Runs["quote"] != 1 || snap.Runs["charge"] != 0 {
+		t.Fatalf("snapshot at seq %d: %+v state %s", at, snap, snap.State)
+	}
+	last, err := b.client.StateAt(c, id, snap.LastSeq)
+	if err != nil || last.Status != schemas.JobFailed || !strings.Contains(string(last.State), `"charge":{"id":"ch_1"}`) {
+		t.Fatalf("snapshot at the last seq: %+v %v", last, err)
+	}
+	if _, err := b.client.StateAt(c, id, snap.LastSeq+1); err == nil {
+		t.Fatal("a snapshot past the last sequence")
+	}
+	if _, err := b.client.Rewind(c, id, snap.LastSeq, client.ControlRequest{By: "ops"}); err == nil || !strings.Contains(err.Error(), "the job had failed by then") {
+		t.Fatalf("rewind to the end: %v", err)
+	}
+	res, err := b.client.Rewind(c, id, at, client.ControlRequest{By: "ops", Reason: "charge the right card"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Job.Status != schemas.JobRunning || string(res.Job.State) != string(snap.State) {
+		t.Fatalf("after the rewind: %s %s", res.Job.Status, res.Job.State)
+	}
+	again := b.nextOf(id, ch)
+	if again.sm.Step != "charge" || again.sm.EffectKey != charge.sm.EffectKey || again.sm.Attempt <= charge.sm.Attempt {
+		t.Fatalf("after the rewind came %s attempt %d key %s (the charge was attempt %d key %s)", again.sm.Step, again.sm.Attempt, again.sm.EffectKey, charge.sm.Attempt, charge.sm.EffectKey)
+	}
+	again.reply(json.RawMessage(`{"id": "ch_1"}`), nil)
+	b.nextOf(id, ch).reply(json.RawMessage(`{"sent": true}`), nil)
+	if v := b.wait(id); v.Status != schemas.JobCompleted {
+		t.Fatalf("status %s %+v", v.Status, v.Error)
+	}
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		page, err := b.client.List(c, client.ListFilter{})
+		return err == nil && len(page.Jobs) == 1 && page.Jobs[0].Status == schemas.JobCompleted
+	}, "the rewound job is not listed once, as completed")
+}
+
+// TestConcurrentPausesOneWins: of several pauses sent at once, one is
+// applied and told so; the others are told which came first.
+func TestConcurrentPausesOneWins(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	id := b.start(b.define(agentLessChain), `{}`, "pause-race")
+	b.nextOf(id, ch)
+	c := ctx30(t)
+	errs := make(chan error, 5)
+	for i := range 5 {
+		go func() {
+			_, err := b.client.Pause(c, id, client.ControlRequest{By: "ops-" + strconv.Itoa(i)})
+			errs <- err
+		}()
+	}
+	won := 0
+	for range 5 {
+		err := <-errs
+		switch {
+		case err == nil:
+			won++
+		case errors.Is(err, client.ErrNotApplicable) && (strings.Contains(err.Error(), "came first") || strings.Contains(err.Error(), "paused already")):
+		default:
+			t.Errorf("pause: %v", err)
+		}
+	}
+	if won != 1 {
+		t.Fatalf("%d pauses were told they applied, want 1", won)
+	}
+}
+
+// TestApprovalActionShowsControlCharacters: text from state cannot hide
+// what an approval asks for behind terminal escapes.
+func TestApprovalActionShowsControlCharacters(t *testing.T) {
+	t.Parallel()
+	if got := printable("refund 999 to bob\x1b[1G\x1b[Kapproval: refund 5\r"); got != `refund 999 to bob\u001b[1G\u001b[Kapproval: refund 5\u000d` {
+		t.Fatalf("printable: %q", got)
 	}
 }

@@ -274,6 +274,9 @@ items:
 	}
 	if p.base != nil {
 		cp.Seq = p.base.cp.Seq + 1
+		if d := stateDelta(p.base.cp, cp); d != nil && len(evs) > 0 {
+			evs[0].data.State = d
+		}
 	}
 	cp.UpdatedAt = now
 	cp.Cause = cause

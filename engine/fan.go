@@ -343,7 +343,7 @@ func dispatchItem(c *compiled, cp *schemas.Checkpoint, s *schemas.Step, index, a
 	}
 	key := ""
 	if c.def.EffectOf(s) != schemas.EffectPure {
-		key = schemas.ItemIdempotencyKey(cp.KeyBase(), s.ID, f.Run, name)
+		key = schemas.ItemIdempotencyKey(cp.KeyBaseFor(s.ID, f.Run), s.ID, f.Run, name)
 	}
 	d := &schemas.Dispatch{
 		Step: s.ID, Attempt: attempt, RunAttempt: attempt, Item: index + 1,
@@ -873,7 +873,7 @@ func (e *Engine) itemMessage(cp *schemas.Checkpoint, d *schemas.Dispatch, sm *sc
 		return fmt.Errorf("job %s: item %d of a list of %d", cp.JobID, d.Item, len(l.items))
 	}
 	sm.Item, sm.ItemName, sm.ItemValue, sm.State = d.Item, l.names[i], l.items[i], l.reduced
-	sm.IdempotencyKey = schemas.ItemIdempotencyKey(cp.KeyBase(), s.ID, cp.Fan.Run, l.names[i])
+	sm.IdempotencyKey = schemas.ItemIdempotencyKey(cp.KeyBaseFor(s.ID, cp.Fan.Run), s.ID, cp.Fan.Run, l.names[i])
 	return nil
 }
 

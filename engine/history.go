@@ -78,7 +78,7 @@ func bulk(evs []schemas.Event) int {
 	n := 0
 	for i := range evs {
 		d := &evs[i].Data
-		n += len(d.Input) + len(d.Reason)
+		n += len(d.Input) + len(d.Reason) + len(d.State)
 		if d.Error != nil {
 			n += len(d.Error.Message)
 		}

@@ -197,7 +197,7 @@ func (e *Engine) finish(ctx context.Context, st *settlement) {
 		if p.dispatch {
 			e.ctr.dispatched.Add(uint64(len(p.sends)))
 		}
-		if cp := p.written(); cp.Status.Terminal() || len(p.markAmbiguous) > 0 || retried(p) {
+		if cp := p.written(); cp.Status.Terminal() || len(p.markAmbiguous) > 0 || reopened(p) {
 			after = append(after, p)
 		}
 	}
@@ -208,10 +208,11 @@ func (e *Engine) finish(ctx context.Context, st *settlement) {
 	e.settle(st.plans)
 }
 
-// retried reports whether p's transition reopened a failed job.
-func retried(p *plan) bool {
+// reopened reports whether p's transition reopened an ended job (a retry,
+// a rewind).
+func reopened(p *plan) bool {
 	cp := p.written()
-	return p.base != nil && p.base.cp.Status == schemas.JobFailed && cp != nil && cp != p.base.cp && !cp.Status.Terminal()
+	return p.base != nil && p.base.cp.Status.Terminal() && cp != nil && cp != p.base.cp && !cp.Status.Terminal()
 }
 
 // afterWrite does, concurrently, what a plan's stored transition calls for
@@ -232,7 +233,7 @@ func (e *Engine) afterWrite(ctx context.Context, ps []*plan) {
 			defer func() { <-sem; wg.Done() }()
 			cp := p.written()
 			if cp.Status.Terminal() {
-				if err := e.store.Jobs.End(ctx, cp, cp.IndexRev); err != nil {
+				if err := e.store.Jobs.End(ctx, cp, cp.ActiveEntryRev()); err != nil {
 					p.err = fmt.Errorf("job %s finished: %w", p.job, err)
 					return
 				}
@@ -246,10 +247,10 @@ func (e *Engine) afterWrite(ctx context.Context, ps []*plan) {
 					e.afterCancel(ctx, p.base.cp, cp)
 				}
 			}
-			if retried(p) {
-				// Retried: its failed end is listed no more (this engine
-				// wrote that entry before, in an earlier batch's settlement).
-				key := kv.EndedKey(schemas.JobFailed, cp.Workflow, cp.JobID)
+			if reopened(p) {
+				// Reopened: its end is listed no more (this engine wrote that
+				// entry before, in an earlier batch's settlement).
+				key := kv.EndedKey(p.base.cp.Status, cp.Workflow, cp.JobID)
 				if ie, err := e.store.Jobs.Get(ctx, key); err == nil {
 					if err := e.store.Jobs.Remove(ctx, key, ie.Revision); err != nil {
 						p.err = fmt.Errorf("job %s retried: remove its entry %s: %w", p.job, key, err)
@@ -396,7 +397,7 @@ func (e *Engine) stepMessage(cp *schemas.Checkpoint, d *schemas.Dispatch) (*nats
 		State:          cp.State,
 		Vars:           cp.Vars,
 		NotBefore:      d.NotBefore,
-		IdempotencyKey: schemas.IdempotencyKey(cp.KeyBase(), d.Step, runs),
+		IdempotencyKey: schemas.IdempotencyKey(cp.KeyBaseFor(d.Step, runs), d.Step, runs),
 		EffectKey:      d.EffectKey,
 	}
 	if d.Item > 0 {

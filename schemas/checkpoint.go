@@ -72,6 +72,10 @@ type Checkpoint struct {
 	// IndexRev is the revision of the job's active entry in the job index
 	// (kv.Jobs), written before the first checkpoint; 0 when unknown.
 	IndexRev uint64 `json:"index_rev,omitempty"`
+	// ActiveRev is the revision of the active entry a reopened job (engine
+	// retry, rewind) got; IndexRev still names its creation, in message ids
+	// and ledger records. 0 for a job never reopened.
+	ActiveRev uint64 `json:"active_rev,omitempty"`
 	// Reused: the job id was used before by a job whose records were
 	// swept; its derived idempotency keys carry this creation (KeyBase), so
 	// that a provider that remembers the old job's keys does not answer
@@ -130,6 +134,9 @@ type Checkpoint struct {
 	// Signals are the named signals the job received: those no wait step
 	// took yet, and the last ones taken (MaxKeptSignals in all).
 	Signals []*ReceivedSignal `json:"signals,omitempty"`
+	// LastControl is the last pause, resume, retry or rewind applied:
+	// callers tell theirs from one that came first by its id.
+	LastControl *ControlRecord `json:"last_control,omitempty"`
 
 	// Cause is the dedup id of the inbox message that produced this Seq. A
 	// redelivery of that same message means its first handler may have died
@@ -169,6 +176,9 @@ type Checkpoint struct {
 	Unsaved [][]byte `json:"-"`
 
 	Parent string `json:"parent,omitempty"` // forked from this job
+	// Fork says where a fork (engine fork) comes from; nil for a job that
+	// is not one.
+	Fork *ForkOrigin `json:"fork,omitempty"`
 	// Caller is the parent job's step that started this job as a child.
 	Caller      *Caller    `json:"caller,omitempty"`
 	CreatedAt   time.Time  `json:"created_at"`
@@ -272,6 +282,16 @@ func (cp *Checkpoint) MsgPrefix() string {
 	return cp.JobID + "/i" + strconv.FormatUint(cp.IndexRev, 10)
 }
 
+// KeyBaseFor is the base of the derived idempotency key of run run of
+// step: a fork's parent's for a run the parent had reached when the fork
+// was taken (ForkOrigin), else KeyBase.
+func (cp *Checkpoint) KeyBaseFor(step string, run int) string {
+	if f := cp.Fork; f != nil && run > 0 && run <= f.ParentRuns[step] {
+		return f.KeyBase
+	}
+	return cp.KeyBase()
+}
+
 // KeyBase starts the job's derived idempotency keys (IdempotencyKey): the
 // job id, or for a job whose id was used before (Reused) MsgPrefix,
 // "<job>/i<rev>".
@@ -280,6 +300,15 @@ func (cp *Checkpoint) KeyBase() string {
 		return cp.MsgPrefix()
 	}
 	return cp.JobID
+}
+
+// ActiveEntryRev is the revision of the job's active index entry: its
+// ActiveRev once reopened, else IndexRev.
+func (cp *Checkpoint) ActiveEntryRev() uint64 {
+	if cp.ActiveRev != 0 {
+		return cp.ActiveRev
+	}
+	return cp.IndexRev
 }
 
 // StartMsgID returns the dedup id of a job start request.

@@ -154,6 +154,9 @@ func SleepOf(s *Step) (SleepSettings, error) {
 	if err := dec.Decode(&z); err != nil {
 		return z, fmt.Errorf("step %s: with: %w", s.ID, err)
 	}
+	if z.For == 0 {
+		return z, fmt.Errorf("step %s: with.for is required: how long to sleep, such as 15m", s.ID)
+	}
 	if time.Duration(z.For) < time.Second {
 		return z, fmt.Errorf("step %s: with.for is %v: a sleep lasts at least 1s (the timer's resolution)", s.ID, time.Duration(z.For))
 	}
@@ -229,8 +232,8 @@ func checkControls(d *Definition) []Problem {
 				if set.Data != "" {
 					add(at+"/data", "a tool's approval binds to the call's arguments: data is for steps")
 				}
-				if set.ExpiresIn < 0 {
-					add(at+"/expires_in", "expires_in is %v: want a positive duration, or none (open until decided)", time.Duration(set.ExpiresIn))
+				if set.ExpiresIn < 0 || (set.ExpiresIn > 0 && time.Duration(set.ExpiresIn) < time.Second) {
+					add(at+"/expires_in", "expires_in is %v: want at least 1s (the timer's resolution), or none (open until decided)", time.Duration(set.ExpiresIn))
 				}
 			}
 		}
@@ -288,8 +291,8 @@ func checkControls(d *Definition) []Problem {
 		if _, err := ParseApprovalAction(s.ID, set.Action); err != nil {
 			add(at+"/action", "%v", err)
 		}
-		if set.ExpiresIn < 0 {
-			add(at+"/expires_in", "expires_in is %v: want a positive duration, or none (open until decided)", time.Duration(set.ExpiresIn))
+		if set.ExpiresIn < 0 || (set.ExpiresIn > 0 && time.Duration(set.ExpiresIn) < time.Second) {
+			add(at+"/expires_in", "expires_in is %v: want at least 1s (the timer's resolution), or none (open until decided)", time.Duration(set.ExpiresIn))
 		}
 		for j, a := range set.Approvers {
 			if strings.TrimSpace(a) == "" {
@@ -354,6 +357,15 @@ type ApprovalOutput struct {
 	Reason    string    `json:"reason,omitempty"`
 	Digest    string    `json:"digest"`
 	DecidedAt time.Time `json:"decided_at"`
+}
+
+// ControlRecord names a control request an engine applied: the
+// caller's id for it, its signal type, who sent it and when it applied.
+type ControlRecord struct {
+	ID   string    `json:"id"`
+	Type string    `json:"type"`
+	By   string    `json:"by"`
+	At   time.Time `json:"at"`
 }
 
 // Pause records that a person paused a job: running steps finish,

@@ -126,6 +126,11 @@ type Signal struct {
 	Name string          `json:"name,omitempty"`
 	ID   string          `json:"id,omitempty"`
 	Data json.RawMessage `json:"data,omitempty"`
+	// Seq, State and Runs are a rewind's: the sequence gone back to, the
+	// state then and the steps' ended runs then (client.Snapshot).
+	Seq   uint64          `json:"seq,omitempty"`
+	State json.RawMessage `json:"state,omitempty"`
+	Runs  map[string]int  `json:"runs,omitempty"`
 }
 
 // Signal types.
@@ -156,4 +161,7 @@ const (
 	// dispatch message id).
 	SignalUser        = "signal"
 	SignalWaitTimeout = "wait_timeout"
+	// SignalRewind sets the job back to sequence Seq (State, Runs) and
+	// goes on from step From.
+	SignalRewind = "rewind"
 )

@@ -30,6 +30,9 @@ func (cp *Checkpoint) AppendJSON(dst []byte) []byte {
 	if cp.IndexRev != 0 {
 		w.uintField("index_rev", cp.IndexRev)
 	}
+	if cp.ActiveRev != 0 {
+		w.uintField("active_rev", cp.ActiveRev)
+	}
 	if cp.Reused {
 		w.boolField("reused", true)
 	}
@@ -126,6 +129,10 @@ func (cp *Checkpoint) AppendJSON(dst []byte) []byte {
 		b, _ := Marshal(cp.Signals)
 		w.rawField("signals", b)
 	}
+	if cp.LastControl != nil {
+		b, _ := Marshal(cp.LastControl)
+		w.rawField("last_control", b)
+	}
 	if cp.Cause != "" {
 		w.strField("cause", cp.Cause)
 	}
@@ -159,6 +166,10 @@ func (cp *Checkpoint) AppendJSON(dst []byte) []byte {
 	}
 	if cp.Parent != "" {
 		w.strField("parent", cp.Parent)
+	}
+	if cp.Fork != nil {
+		b, _ := Marshal(cp.Fork)
+		w.rawField("fork", b)
 	}
 	if cp.Caller != nil {
 		b, _ := json.Marshal(cp.Caller)
@@ -500,6 +511,16 @@ func (w *jsonw) historyData(d *HistoryData) {
 	if d.Signal != nil {
 		b, _ := Marshal(d.Signal)
 		w.rawField("signal", b)
+	}
+	if len(d.State) > 0 {
+		w.rawField("state", d.State)
+	}
+	if d.ToSeq != 0 {
+		w.uintField("to_seq", d.ToSeq)
+	}
+	if len(d.Runs) > 0 {
+		b, _ := Marshal(d.Runs)
+		w.rawField("runs", b)
 	}
 	w.close()
 }

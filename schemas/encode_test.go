@@ -16,7 +16,7 @@ func sampleCheckpoint() *Checkpoint {
 	done := t0.Add(time.Minute)
 	return &Checkpoint{
 		Schema: CheckpointSchema, JobID: "job-1", Workflow: "w", Version: 3, DefinitionHash: strings.Repeat("ab", 32),
-		Seq: 7, IndexRev: 41, Reused: true, Status: JobRunning, InputDigest: "d1",
+		Seq: 7, IndexRev: 41, ActiveRev: 44, Reused: true, Status: JobRunning, InputDigest: "d1",
 		State: json.RawMessage(`{"a":[1,2,{"b":"c\u00e9\n"}],"z":null}`),
 		Vars:  map[string]string{"region": "eu", "quote": "say \"hi\"\t<ok>", "bad": "\xff\x00\u2028"},
 		Steps: map[string]*StepRecord{
@@ -27,12 +27,13 @@ func sampleCheckpoint() *Checkpoint {
 		Current:   &Dispatch{Step: "b", Attempt: 2, RunAttempt: 2, MsgID: "job-1/b/2", Pool: "default", DispatchedAt: t0, NotBefore: &nb, EffectKey: "w/b/k-1", Due: &nb, Held: true, Gate: "b/1", Wait: "paid"},
 		Approvals: []*Approval{{ID: "b/1", Gate: "b", Run: 1, Digest: "dd", Action: "charge <40> EUR", Data: json.RawMessage(`{"n":1}`), Approvers: []string{"alice"},
 			Status: ApprovalApproved, RequestedAt: t0, ExpiresAt: &done, DecidedBy: "alice", DecidedAt: &done, Reason: "ok"}},
-		Paused:  &Pause{By: "ops", Reason: "r", At: t0},
-		Retries: 2,
-		Signals: []*ReceivedSignal{{ID: "s1", Name: "paid", Data: json.RawMessage(`{"n":1}`), By: "ops", At: t0, Taken: "b"}},
-		Cause:   "job-1/b/1/result",
-		Flushed: 5,
-		Flush:   true,
+		Paused:      &Pause{By: "ops", Reason: "r", At: t0},
+		Retries:     2,
+		LastControl: &ControlRecord{ID: "c1", Type: "pause", By: "ops", At: t0},
+		Signals:     []*ReceivedSignal{{ID: "s1", Name: "paid", Data: json.RawMessage(`{"n":1}`), By: "ops", At: t0, Taken: "b"}},
+		Cause:       "job-1/b/1/result",
+		Flushed:     5,
+		Flush:       true,
 		Blocked: &Blocked{Step: "b", EffectKey: "job-1/b", Class: EffectUnsafe, Reason: "unknown",
 			LastError: &Error{Code: CodeTimeout, Message: "slow"}},
 		BlockedReason: "definition x not found", BlockedFrom: JobRunning,
@@ -41,10 +42,11 @@ func sampleCheckpoint() *Checkpoint {
 			{Type: EventStepFailed, Time: t0, Data: HistoryData{Job: "job-1", Seq: 7, Step: "b", Attempt: 1, Error: &Error{Code: CodeTimeout, Message: "slow", Job: "job-1", Step: "b", Attempt: 1, Retryable: true}, Retrying: true, NotBefore: nb}},
 			{Type: EventJobStarted, Time: t0, Data: HistoryData{Job: "job-1", Seq: 1, Status: "running", Input: json.RawMessage(`{"x":1}`), Reason: "r", Next: "n", NextAttempt: 2, ResultDigest: "d", DurationMs: 5,
 				EffectKey: "k", EffectState: "confirmed", ExternalID: "ch_1", By: "ops", Approval: &Approval{ID: "b/1", Gate: "b", Status: ApprovalPending, RequestedAt: t0},
-				Signal: &ReceivedSignal{ID: "s1", Name: "paid", At: t0}}},
+				Signal: &ReceivedSignal{ID: "s1", Name: "paid", At: t0}, State: json.RawMessage(`{"set":{"a":1},"unset":["b"]}`), ToSeq: 3, Runs: map[string]int{"b": 1, "a": 2}}},
 		},
 		ResumeCount: 2, ResumedBy: "inc", Writer: "w1", Error: &Error{Code: CodeStepFailed, Message: "m"},
-		Parent: "p", CreatedAt: t0, UpdatedAt: t0.Add(time.Hour), CompletedAt: &done,
+		Parent: "p", Fork: &ForkOrigin{Parent: "p", Seq: 3, From: "b", Runs: map[string]int{"a": 1}, ParentRuns: map[string]int{"a": 1, "b": 1}, KeyBase: "p"},
+		CreatedAt: t0, UpdatedAt: t0.Add(time.Hour), CompletedAt: &done,
 	}
 }
 

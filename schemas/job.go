@@ -73,6 +73,7 @@ func NewPendingCheckpoint(def *Definition, req *StartRequest, input json.RawMess
 		Cause:          cause,
 		Parent:         req.Parent,
 		Caller:         req.Caller,
+		Fork:           req.Fork,
 		CreatedAt:      now,
 		UpdatedAt:      now,
 	}

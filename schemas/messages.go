@@ -15,8 +15,29 @@ type StartRequest struct {
 	Vars           map[string]string `json:"vars,omitempty"`
 	Parent         string            `json:"parent,omitempty"`
 	// Caller is the step that started this job as a child job.
-	Caller      *Caller   `json:"caller,omitempty"`
-	RequestedAt time.Time `json:"requested_at"`
+	Caller *Caller `json:"caller,omitempty"`
+	// Fork, for a fork of another job (engine fork): Input is the state
+	// the fork starts with (checked against the state schema, not the
+	// input schema) and the job starts at Fork.From.
+	Fork        *ForkOrigin `json:"fork,omitempty"`
+	RequestedAt time.Time   `json:"requested_at"`
+}
+
+// ForkOrigin is where a fork comes from: its parent job, the parent's
+// sequence it was taken at, the step it starts at, and the parent's ended
+// runs per step then (the fork's run counts start there). A run of a step
+// that the parent had reached when the fork was taken (ParentRuns: its
+// ended runs and the one in flight) takes the parent's idempotency key
+// (KeyBase), so that an effect the parent confirmed answers from the
+// ledger and is never made twice, even for the step the parent was at;
+// every later run takes the fork's own keys.
+type ForkOrigin struct {
+	Parent     string         `json:"parent"`
+	Seq        uint64         `json:"seq"`
+	From       string         `json:"from"`
+	Runs       map[string]int `json:"runs,omitempty"`
+	ParentRuns map[string]int `json:"parent_runs,omitempty"`
+	KeyBase    string         `json:"key_base"`
 }
 
 // Caller names the dispatch of a parent job's workflow step that started
@@ -110,6 +131,7 @@ const (
 	EventJobPaused         = "dev.waymark.job.paused"         // By and Reason say who and why
 	EventJobUnpaused       = "dev.waymark.job.unpaused"       // engine resume: held dispatches go out
 	EventJobRetried        = "dev.waymark.job.retried"        // a failed job reopened (engine retry); Step is where it goes on
+	EventJobRewound        = "dev.waymark.job.rewound"        // engine rewind: ToSeq the sequence gone back to, Step where it goes on, Runs the steps' ended runs then
 	EventApprovalRequested = "dev.waymark.approval.requested" // Approval holds the gate
 	EventApprovalDecided   = "dev.waymark.approval.decided"   // Approval holds the decision: approved, rejected or expired
 	EventSignalReceived    = "dev.waymark.signal.received"    // Signal holds it; Step the wait step that took it, if one did
@@ -168,4 +190,12 @@ type HistoryData struct {
 	Approval *Approval `json:"approval,omitempty"`
 	// Signal is the signal of signal events.
 	Signal *ReceivedSignal `json:"signal,omitempty"`
+	// State is the transition's state delta (StateDelta), on its first
+	// event: engine inspect --at, rewind and fork rebuild the state at a
+	// sequence from the job's input and these.
+	State json.RawMessage `json:"state,omitempty"`
+	// ToSeq and Runs are a rewind's (job.rewound): the sequence gone back
+	// to and the steps' ended runs then.
+	ToSeq uint64         `json:"to_seq,omitempty"`
+	Runs  map[string]int `json:"runs,omitempty"`
 }

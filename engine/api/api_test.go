@@ -264,7 +264,8 @@ func TestHTTPControlAndApprovals(t *testing.T) {
 	}{
 		{"/v1/jobs/api-gate/approvals/ok/approve", `{"by": "bob"}`, 403, "forbidden"},
 		{"/v1/jobs/api-gate/approvals/ship/approve", `{"by": "alice"}`, 404, "not_found"},
-		{"/v1/jobs/api-gate/approvals/ok/approve", `{"by": "alice", "digest": "00"}`, 409, "conflict"},
+		{"/v1/jobs/api-gate/approvals/ok/approve", `{"by": "alice", "digest": "00"}`, 400, "input_invalid"},
+		{"/v1/jobs/api-gate/approvals/ok/approve", `{"by": "alice", "digest": "` + strings.Repeat("0", 64) + `"}`, 409, "conflict"},
 		{"/v1/jobs/api-gate/approvals/ok/approve", `{"by": "alice", "from": "x"}`, 400, "input_invalid"},
 		{"/v1/jobs/api-gate/resume", `{"by": "ops"}`, 409, "conflict"},
 		{"/v1/jobs/api-gate/retry", `{"by": "ops"}`, 409, "conflict"},
@@ -352,5 +353,84 @@ func TestHTTPSignals(t *testing.T) {
 	}, "the job never completed: %v", m)
 	if code, m := do("/v1/jobs/sig-1/signals/go", `{"by": "hook", "data": {"n": 2}}`); code != http.StatusConflict {
 		t.Errorf("signal to an ended job: %d %v", code, m)
+	}
+}
+
+// TestRetryDoesNotRepeatAConfirmedEffect: a job retried from a step whose
+// effect the ledger holds as confirmed is answered from the ledger: the
+// provider is called once, however often the job is retried; a gate
+// reached again after a retry is a new gate, decided on its own.
+func TestRetryDoesNotRepeatAConfirmedEffect(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	var calls sync.Map
+	provider := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := calls.LoadOrStore(r.Header.Get("Idempotency-Key"), new(int))
+		*n.(*int)++
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id": "ch_1"}`)
+	}))
+	t.Cleanup(provider.Close)
+	def, err := schemas.Parse("retry.yaml", []byte(`
+name: payfail
+version: 1
+steps:
+  - id: gate
+    kind: approval
+    with: {action: pay}
+    next: [{to: pay}]
+  - id: pay
+    kind: http
+    effect: idempotent
+    with: {method: POST, url: '`+provider.URL+`/charge', body: {n: 1}}
+    next: [{to: boom}]
+  - {id: boom, kind: noop, next: [{fail: boom, when: "true"}]}
+`), schemas.LoadOptions{Checks: []schemas.CheckFunc{engine.Check}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := c.Start(ctx, def, json.RawMessage(`{}`), client.StartOptions{JobID: "pf-1"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor := func(st schemas.JobStatus) *client.JobView {
+		t.Helper()
+		var v *client.JobView
+		testsupport.Eventually(t, 20*time.Second, func() bool {
+			v, _ = c.Job(ctx, "pf-1")
+			return v != nil && v.Status == st
+		}, "job pf-1 never %s: %+v", st, v)
+		return v
+	}
+	waitFor(schemas.JobWaitingApproval)
+	if _, err := c.Reject(ctx, "pf-1", "gate", client.ControlRequest{By: "bob"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(schemas.JobFailed)
+	if _, err := c.Retry(ctx, "pf-1", client.ControlRequest{By: "ops"}); err != nil {
+		t.Fatal(err)
+	}
+	v := waitFor(schemas.JobWaitingApproval)
+	if len(v.Approvals) != 2 || v.Approvals[0].Status != schemas.ApprovalRejected || v.Approvals[1].ID != "gate/1.2" || v.Approvals[1].Status != schemas.ApprovalPending {
+		t.Fatalf("gates after the retry: %+v", v.Approvals)
+	}
+	if _, err := c.Approve(ctx, "pf-1", "gate", client.ControlRequest{By: "alice", Digest: v.Approvals[1].Digest}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(schemas.JobFailed) // pay confirmed, then boom
+	for range 2 {
+		if _, err := c.Retry(ctx, "pf-1", client.ControlRequest{By: "ops", From: "pay"}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(schemas.JobFailed)
+	}
+	n := 0
+	calls.Range(func(k, v any) bool { n += *v.(*int); return true })
+	if n != 1 {
+		t.Fatalf("the provider was called %d times, want 1", n)
+	}
+	if v, _ := c.Job(ctx, "pf-1"); v.Retries != 3 || v.Approvals[1].Status != schemas.ApprovalApproved || v.Approvals[1].DecidedBy != "alice" {
+		t.Fatalf("retries %d approvals %+v", v.Retries, v.Approvals)
 	}
 }

@@ -102,6 +102,9 @@ type StartOptions struct {
 	// Caller, set by an engine, is the parent job's workflow step that
 	// starts this job as a child.
 	Caller *schemas.Caller
+	// Fork, set by Fork, makes the job a fork: the input is the state it
+	// starts with (checked against the state schema only).
+	Fork *schemas.ForkOrigin
 }
 
 // StartResult says what Start did.
@@ -165,8 +168,12 @@ func (c *Client) Start(ctx context.Context, def *schemas.Definition, input json.
 	if err := schemas.CheckStartText(input, opts.Vars); err != nil {
 		return StartResult{}, refuse(err)
 	}
-	req := &schemas.StartRequest{JobID: id, DefinitionHash: def.Hash, Input: input, Vars: opts.Vars, Caller: opts.Caller, RequestedAt: c.now().UTC()}
-	checked, err := schemas.CheckJobInput(input, v.input, v.state)
+	req := &schemas.StartRequest{JobID: id, DefinitionHash: def.Hash, Input: input, Vars: opts.Vars, Caller: opts.Caller, Fork: opts.Fork, RequestedAt: c.now().UTC()}
+	inputSchema := v.input
+	if opts.Fork != nil {
+		req.Parent, inputSchema = opts.Fork.Parent, nil
+	}
+	checked, err := schemas.CheckJobInput(input, inputSchema, v.state)
 	if err != nil {
 		return StartResult{}, refuse(err)
 	}

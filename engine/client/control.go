@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -69,7 +68,7 @@ func checkWho(op, id string, r ControlRequest) error {
 		}
 		return schemas.Errorf(schemas.CodeInputInvalid, "%s job %s: say who %s it (by)", op, id, verb)
 	case len(r.By) > 1000 || len(r.Reason) > 1000:
-		return schemas.Errorf(schemas.CodeInputInvalid, "%s job %s: by and reason are at most 1,000 characters", op, id)
+		return schemas.Errorf(schemas.CodeInputInvalid, "%s job %s: by and reason are at most 1,000 bytes of UTF-8", op, id)
 	}
 	if err := schemas.CheckStringsText("", map[string]string{"by": r.By, "reason": r.Reason}); err != nil {
 		return err
@@ -107,6 +106,37 @@ func (c *Client) send(ctx context.Context, op string, sig schemas.Signal, msgID 
 	return c.view(ctx, final, def), nil
 }
 
+// control sends sig, a control request for job cp, under an id of its own
+// and waits until the engine applied it (the checkpoint's LastControl
+// names it), or until other holds: another request came first, and the
+// job is no longer one sig applies to (ErrNotApplicable, naming that
+// request).
+func (c *Client) control(ctx context.Context, op string, cp *schemas.Checkpoint, sig schemas.Signal, other func(*schemas.Checkpoint) bool) (*JobView, error) {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	sig.ID = hex.EncodeToString(b[:])
+	mine := false
+	var first *schemas.ControlRecord
+	v, err := c.send(ctx, op, sig, cp.MsgPrefix()+"/control/"+sig.ID, func(n *schemas.Checkpoint) bool {
+		if n.LastControl != nil && n.LastControl.ID == sig.ID {
+			mine = true
+			return true
+		}
+		if other(n) {
+			first = n.LastControl
+			return true
+		}
+		return false
+	})
+	switch {
+	case err != nil || mine:
+		return v, err
+	case first != nil && first.ID != "":
+		return v, fmt.Errorf("%s job %s: a %s by %s came first (at %s); nothing more changed: %w", op, sig.Job, first.Type, first.By, first.At.UTC().Format(time.RFC3339), ErrNotApplicable)
+	}
+	return v, fmt.Errorf("%s job %s: it is %s now; nothing more changed: %w", op, sig.Job, v.Status, ErrNotApplicable)
+}
+
 // load reads job id's checkpoint for op.
 func (c *Client) load(ctx context.Context, op, id string) (*schemas.Checkpoint, error) {
 	ent, err := c.store.Checkpoints.Get(ctx, id)
@@ -136,9 +166,7 @@ func (c *Client) Pause(ctx context.Context, id string, r ControlRequest) (*JobVi
 		return nil, fmt.Errorf("pause job %s: paused already by %s at %s: %w", id, cp.Paused.By, cp.Paused.At.UTC().Format(time.RFC3339), ErrNotApplicable)
 	}
 	sig := schemas.Signal{Job: id, Type: schemas.SignalPause, By: r.By, Reason: r.Reason}
-	return c.send(ctx, "pause", sig, cp.MsgPrefix()+"/pause/"+strconv.FormatUint(cp.Seq, 10), func(n *schemas.Checkpoint) bool {
-		return n.Paused != nil || n.Status.Terminal()
-	})
+	return c.control(ctx, "pause", cp, sig, func(n *schemas.Checkpoint) bool { return n.Paused != nil || n.Status.Terminal() })
 }
 
 // Resume lifts a pause: the dispatches held go out. Errors as Pause's;
@@ -155,9 +183,7 @@ func (c *Client) Resume(ctx context.Context, id string, r ControlRequest) (*JobV
 		return nil, fmt.Errorf("resume job %s: it is %s, not paused: %w", id, cp.Status, ErrNotApplicable)
 	}
 	sig := schemas.Signal{Job: id, Type: schemas.SignalResume, By: r.By, Reason: r.Reason}
-	return c.send(ctx, "resume", sig, cp.MsgPrefix()+"/resume/"+strconv.FormatUint(cp.Seq, 10), func(n *schemas.Checkpoint) bool {
-		return n.Paused == nil || n.Status.Terminal()
-	})
+	return c.control(ctx, "resume", cp, sig, func(n *schemas.Checkpoint) bool { return n.Paused == nil || n.Status.Terminal() })
 }
 
 // Retry reopens failed job id at r.From, or at the step that failed, under
@@ -197,22 +223,46 @@ func (c *Client) Retry(ctx context.Context, id string, r ControlRequest) (*JobVi
 		}
 		return nil, schemas.Errorf(schemas.CodeInputInvalid, "retry job %s: from %q is not a step of workflow %s (steps: %s)", id, from, def.Name, strings.Join(ids, ", "))
 	}
-	rev, err := c.store.Jobs.CreateActive(ctx, cp)
-	if err != nil && !errors.Is(err, schemas.ErrConflict) {
-		return nil, fmt.Errorf("retry job %s: index entry: %w", id, err)
-	}
-	if errors.Is(err, schemas.ErrConflict) {
-		ie, gerr := c.store.Jobs.Get(ctx, kv.ActiveKey(cp.Workflow, id))
-		if gerr != nil {
-			return nil, fmt.Errorf("retry job %s: index entry: %w", id, gerr)
-		}
-		rev = ie.Revision
+	rev, err := c.reactivate(ctx, cp)
+	if err != nil {
+		return nil, fmt.Errorf("retry job %s: %w", id, err)
 	}
 	sig := schemas.Signal{Job: id, Type: schemas.SignalRetry, By: r.By, Reason: r.Reason, From: from, IndexRev: rev}
-	retries := cp.Retries
-	return c.send(ctx, "retry", sig, cp.MsgPrefix()+"/retry/"+strconv.FormatUint(cp.Seq, 10), func(n *schemas.Checkpoint) bool {
-		return n.Retries > retries
+	return c.control(ctx, "retry", cp, sig, func(n *schemas.Checkpoint) bool {
+		return n.Retries > cp.Retries || n.Seq > cp.Seq && n.Status != schemas.JobFailed
 	})
+}
+
+// isDigest reports whether s is 64 lower-case hex digits (an approval's
+// digest).
+func isDigest(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for _, c := range s {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// reactivate makes ended job cp's active index entry again (the engine
+// removes its ended entry once it reopened the job) and returns its
+// revision, which the reopened job's message ids take.
+func (c *Client) reactivate(ctx context.Context, cp *schemas.Checkpoint) (uint64, error) {
+	rev, err := c.store.Jobs.CreateActive(ctx, cp)
+	if errors.Is(err, schemas.ErrConflict) {
+		ie, gerr := c.store.Jobs.Get(ctx, kv.ActiveKey(cp.Workflow, cp.JobID))
+		if gerr != nil {
+			return 0, fmt.Errorf("index entry: %w", gerr)
+		}
+		return ie.Revision, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("index entry: %w", err)
+	}
+	return rev, nil
 }
 
 // Approve approves job id's open gate (its step id) for r.By: the gate's
@@ -284,6 +334,9 @@ func (c *Client) decide(ctx context.Context, op, typ, id, gate string, r Control
 			when = " at " + a.DecidedAt.UTC().Format(time.RFC3339)
 		}
 		return nil, fmt.Errorf("%s job %s: gate %s was %s%s%s; nothing changed: %w", op, id, a.ID, a.Status, who, when, ErrAlreadyDecided)
+	}
+	if r.Digest != "" && !isDigest(r.Digest) {
+		return nil, schemas.Errorf(schemas.CodeInputInvalid, "%s job %s: digest %q is not a digest: want the 64 lower-case hex digits engine status lists", op, id, r.Digest)
 	}
 	if r.Digest != "" && r.Digest != a.Digest {
 		return nil, fmt.Errorf("%s job %s: gate %s now asks to approve digest %s, not %s (the action changed): look again with engine status: %w", op, id, a.ID, a.Digest, r.Digest, ErrDigestMismatch)

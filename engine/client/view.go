@@ -51,6 +51,8 @@ type JobView struct {
 	// Signals are the named signals the job received: kept for a wait
 	// step, and the last taken (or refused).
 	Signals []*schemas.ReceivedSignal `json:"signals,omitempty"`
+	// Fork says where a fork comes from (engine fork): parent, seq, step.
+	Fork *schemas.ForkOrigin `json:"fork,omitempty"`
 	// Retries counts the times the job was retried after it failed.
 	Retries     int        `json:"retries,omitempty"`
 	CreatedAt   time.Time  `json:"created_at"`
@@ -157,7 +159,7 @@ func NewJobView(cp *schemas.Checkpoint, def *schemas.Definition) *JobView {
 		Steps: []StepView{},
 	}
 	v.Transcripts = cp.Transcripts
-	v.Approvals, v.Paused, v.Retries, v.Signals = cp.Approvals, cp.Paused, cp.Retries, cp.Signals
+	v.Approvals, v.Paused, v.Retries, v.Signals, v.Fork = cp.Approvals, cp.Paused, cp.Retries, cp.Signals, cp.Fork
 	if cp.Fan != nil {
 		v.Fan = newFanView(cp)
 	}

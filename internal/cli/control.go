@@ -46,11 +46,14 @@ func newControlCmd(g *globals, op controlOp) *cobra.Command {
 			if err := checkOutput(output); err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
-			if by == "" {
-				by = whoami()
+			if err := checkBy(cmd, &by); err != nil {
+				return err
 			}
 			if timeout <= 0 {
 				return &ExitError{Code: 2, Err: fmt.Errorf("--timeout %v: want a positive duration", timeout)}
+			}
+			if err := checkStatusFlag(status); err != nil {
+				return err
 			}
 			if dryRun && len(args) == 1 {
 				return &ExitError{Code: 2, Err: fmt.Errorf("--dry-run is for the bulk form (--workflow, --status)")}
@@ -129,7 +132,7 @@ func (g *globals) controlBulk(ctx context.Context, c *client.Client, op controlO
 		Error  string `json:"error,omitempty"`
 	}
 	var out []outcome
-	failed := 0
+	failed, skipped := 0, 0
 	for _, s := range jobs {
 		if dryRun {
 			if op.applies(s) {
@@ -146,7 +149,11 @@ func (g *globals) controlBulk(ctx context.Context, c *client.Client, op controlO
 		}
 		if err != nil {
 			if errors.Is(err, client.ErrNotApplicable) {
-				continue // changed since it was listed: not selected any more
+				// Not one the request applies to (paused already, say).
+				o.Done = "skipped: " + strings.TrimPrefix(strings.TrimSuffix(err.Error(), ": "+client.ErrNotApplicable.Error()), op.name+" job "+s.ID+": ")
+				skipped++
+				out = append(out, o)
+				continue
 			}
 			o.Error, o.Done = err.Error(), ""
 			failed++
@@ -169,11 +176,28 @@ func (g *globals) controlBulk(ctx context.Context, c *client.Client, op controlO
 			fmt.Fprintf(g.stdout, "%s: %s\n", o.Job, o.Done)
 		}
 		verb := map[bool]string{true: "would be", false: "were"}[dryRun]
-		fmt.Fprintf(g.stdout, "%d of %d jobs selected %s acted on (%s)\n", len(out)-failed, len(jobs), verb, op.name)
+		fmt.Fprintf(g.stdout, "%d of %d jobs selected %s acted on (%s)", len(out)-failed-skipped, len(jobs), verb, op.name)
+		if skipped > 0 {
+			fmt.Fprintf(g.stdout, ", %d skipped", skipped)
+		}
+		fmt.Fprintln(g.stdout)
 	}
 	if failed > 0 {
 		return &ExitError{Code: 1, Err: fmt.Errorf("%s failed for %d of the jobs selected", op.name, failed)}
 	}
+	return nil
+}
+
+// checkBy fills an absent --by with the current user; an empty one given
+// is refused (exit 2).
+func checkBy(cmd *cobra.Command, by *string) error {
+	if strings.TrimSpace(*by) != "" {
+		return nil
+	}
+	if cmd.Flags().Changed("by") {
+		return &ExitError{Code: 2, Err: fmt.Errorf("--by is empty: say who does it (or leave --by out for the current user)")}
+	}
+	*by = whoami()
 	return nil
 }
 
@@ -322,8 +346,8 @@ Exit 0 once decided; 1 when refused; 130 when --timeout passes first.`,
 			if err := checkOutput(output); err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
-			if by == "" {
-				by = whoami()
+			if err := checkBy(cmd, &by); err != nil {
+				return err
 			}
 			if timeout <= 0 {
 				return &ExitError{Code: 2, Err: fmt.Errorf("--timeout %v: want a positive duration", timeout)}
@@ -345,7 +369,7 @@ Exit 0 once decided; 1 when refused; 130 when --timeout passes first.`,
 				if output == "json" {
 					return printJSON(g.stdout, v)
 				}
-				fmt.Fprintf(g.stdout, "job %s gate %s %sd %s; job %s\n", args[0], args[1], name, who(by, reason), v.Status)
+				fmt.Fprintf(g.stdout, "job %s gate %s %s %s; job %s\n", args[0], args[1], map[bool]string{true: "approved", false: "rejected"}[approve], who(by, reason), v.Status)
 				return nil
 			})
 		},
@@ -401,8 +425,8 @@ passes first.`,
 			if err := checkOutput(output); err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
-			if by == "" {
-				by = whoami()
+			if err := checkBy(cmd, &by); err != nil {
+				return err
 			}
 			if timeout <= 0 {
 				return &ExitError{Code: 2, Err: fmt.Errorf("--timeout %v: want a positive duration", timeout)}

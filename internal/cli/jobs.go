@@ -142,6 +142,16 @@ func newStatusCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
+// checkStatusFlag checks a --status value (empty: any).
+func checkStatusFlag(status string) error {
+	switch schemas.JobStatus(status) {
+	case "", schemas.JobPending, schemas.JobRunning, schemas.JobCompleted, schemas.JobFailed, schemas.JobCancelled, schemas.JobNeedsReconciliation,
+		schemas.JobBlocked, schemas.JobQuarantined, schemas.JobWaitingApproval:
+		return nil
+	}
+	return &ExitError{Code: 2, Err: fmt.Errorf("--status %q: want pending, running, completed, failed, cancelled, needs_reconciliation, blocked, quarantined or waiting_approval", status)}
+}
+
 func printView(w io.Writer, v *client.JobView) {
 	fmt.Fprintf(w, "job       %s\n", v.ID)
 	fmt.Fprintf(w, "workflow  %s v%d (definition %s)\n", v.Workflow, v.Version, v.DefinitionHash[:min(12, len(v.DefinitionHash))])
@@ -238,7 +248,11 @@ func printView(w io.Writer, v *client.JobView) {
 		} else if s.DurationMs > 0 {
 			last = fmt.Sprintf("%dms", s.DurationMs)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", s.ID, s.Kind, s.Status, s.Attempts, last)
+		st := string(s.Status)
+		if v.Current != nil && v.Current.Held && v.Current.Step == s.ID {
+			st = "held" // recorded while paused, not sent
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", s.ID, s.Kind, st, s.Attempts, last)
 	}
 	_ = tw.Flush()
 	fmt.Fprintln(w, "\nstate:")
@@ -259,11 +273,8 @@ of the next one (--after); it reads the job index, not every checkpoint.`,
 			if err := checkOutput(output); err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
-			switch schemas.JobStatus(status) {
-			case "", schemas.JobPending, schemas.JobRunning, schemas.JobCompleted, schemas.JobFailed, schemas.JobCancelled, schemas.JobNeedsReconciliation,
-				schemas.JobBlocked, schemas.JobQuarantined, schemas.JobWaitingApproval:
-			default:
-				return &ExitError{Code: 2, Err: fmt.Errorf("--status %q: want pending, running, completed, failed, cancelled, needs_reconciliation, blocked, quarantined or waiting_approval", status)}
+			if err := checkStatusFlag(status); err != nil {
+				return err
 			}
 			if limit < 1 || limit > 10000 {
 				return &ExitError{Code: 2, Err: fmt.Errorf("--limit %d: want 1..10000", limit)}

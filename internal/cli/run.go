@@ -545,8 +545,11 @@ func printEvent(w io.Writer, h schemas.HistoryEvent) {
 	}
 	dispatched := func(step string, attempt int) {
 		status := "dispatched"
-		if !d.NotBefore.IsZero() {
+		switch {
+		case !d.NotBefore.IsZero() && (d.Status == string(schemas.StepRetrying) || d.Retrying || h.Type != schemas.EventStepDispatched):
 			status = fmt.Sprintf("retrying at %s", d.NotBefore.Format("15:04:05.000"))
+		case !d.NotBefore.IsZero():
+			status = fmt.Sprintf("sleeping until %s", d.NotBefore.Format("15:04:05.000"))
 		}
 		fmt.Fprintf(w, "  %-20s attempt %-3d %s\n", step, attempt, status)
 	}
@@ -606,11 +609,17 @@ func printEvent(w io.Writer, h schemas.HistoryEvent) {
 		}
 		fmt.Fprintf(w, "  %-20s %s\n", d.Step, what)
 	case schemas.EventJobPaused:
-		fmt.Fprintf(w, "  job paused by %s\n", d.By)
+		fmt.Fprintf(w, "  job paused by %s%s\n", d.By, reasonSuffix(d.Reason))
 	case schemas.EventJobUnpaused:
-		fmt.Fprintf(w, "  job resumed by %s\n", d.By)
+		fmt.Fprintf(w, "  job resumed by %s%s\n", d.By, reasonSuffix(d.Reason))
 	case schemas.EventJobRetried:
-		fmt.Fprintf(w, "  job retried from %s by %s\n", d.Step, d.By)
+		fmt.Fprintf(w, "  job retried from %s by %s%s\n", d.Step, d.By, reasonSuffix(d.Reason))
+	case schemas.EventJobRewound:
+		fmt.Fprintf(w, "  job rewound to seq %d, going on from %s, by %s%s\n", d.ToSeq, d.Step, d.By, reasonSuffix(d.Reason))
+	case schemas.EventSignalReceived:
+		if sg := d.Signal; sg != nil {
+			fmt.Fprintf(w, "  signal %s (id %s) from %s%s\n", sg.Name, sg.ID, sg.By, reasonSuffix(d.Reason))
+		}
 	case schemas.EventJobFailed:
 		msg := ""
 		if d.Error != nil {
@@ -621,6 +630,14 @@ func printEvent(w io.Writer, h schemas.HistoryEvent) {
 	if d.Next != "" && d.NextAttempt > 0 && h.Type != schemas.EventStepDispatched {
 		dispatched(d.Next, d.NextAttempt)
 	}
+}
+
+// reasonSuffix is ": reason" on one line, or "" when there is none.
+func reasonSuffix(reason string) string {
+	if reason == "" {
+		return ""
+	}
+	return ": " + oneLine(reason, 300)
 }
 
 func oneLine(s string, n int) string {
