@@ -710,3 +710,58 @@ func TestApprovalActionShowsControlCharacters(t *testing.T) {
 		t.Fatalf("printable: %q", got)
 	}
 }
+
+// TestForkWhileTheParentRuns: a fork taken at the sequence at which its
+// parent's charge was in flight starts at the charge, with the state then
+// and its changes; its charge takes the parent's key (the parent had
+// reached it: the ledger would answer the parent's charge, never make a
+// second), its later steps keys of their own; the parent is not changed
+// and goes on.
+func TestForkWhileTheParentRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	id := b.start(b.define(`
+name: forked
+version: 1
+steps:
+  - {id: quote, kind: noop, save_as: quote, next: [{to: charge}]}
+  - {id: charge, kind: noop, effect: idempotent, save_as: charge, next: [{to: mail}]}
+  - {id: mail, kind: noop, effect: idempotent, save_as: mail}
+`), `{"order": "A-1"}`, "parent-1")
+	b.nextOf(id, ch).reply(json.RawMessage(`{"price": 40}`), nil)
+	charge := b.nextOf(id, ch)
+	c := ctx30(t)
+	before, _ := b.store.Checkpoints.Get(c, id)
+	at := before.Checkpoint.Seq
+	if _, err := b.client.Fork(c, id, at, client.ForkRequest{By: "ops", JobID: "fork-1", Set: map[string]json.RawMessage{"quote.price": json.RawMessage(`50`)}}); err != nil {
+		t.Fatal(err)
+	}
+	fc := b.nextOf("fork-1", ch)
+	if fc.sm.Job != "fork-1" || fc.sm.Step != "charge" || fc.sm.EffectKey != charge.sm.EffectKey || !strings.Contains(string(fc.sm.State), `"price":50`) {
+		t.Fatalf("fork's first dispatch: job %s step %s key %s (parent's %s) state %s", fc.sm.Job, fc.sm.Step, fc.sm.EffectKey, charge.sm.EffectKey, fc.sm.State)
+	}
+	after, _ := b.store.Checkpoints.Get(c, id)
+	if after.Revision != before.Revision {
+		t.Fatalf("the fork changed its parent: revision %d → %d", before.Revision, after.Revision)
+	}
+	fc.reply(json.RawMessage(`{"id": "ch_1"}`), nil)
+	fm := b.nextOf("fork-1", ch)
+	charge.reply(json.RawMessage(`{"id": "ch_1"}`), nil)
+	pm := b.nextOf(id, ch)
+	if fm.sm.Step != "mail" || pm.sm.Step != "mail" || fm.sm.EffectKey == pm.sm.EffectKey {
+		t.Fatalf("mail keys: fork %s %s, parent %s %s", fm.sm.Step, fm.sm.EffectKey, pm.sm.Step, pm.sm.EffectKey)
+	}
+	fm.reply(json.RawMessage(`{}`), nil)
+	pm.reply(json.RawMessage(`{}`), nil)
+	fv, pv := b.wait("fork-1"), b.wait(id)
+	if fv.Status != schemas.JobCompleted || pv.Status != schemas.JobCompleted || fv.Fork == nil || fv.Fork.Parent != id || fv.Fork.Seq != at || fv.Parent != id {
+		t.Fatalf("fork %s %+v, parent %s", fv.Status, fv.Fork, pv.Status)
+	}
+	if !strings.Contains(string(pv.State), `"price": 40`) {
+		t.Fatalf("parent state %s", pv.State)
+	}
+	if _, err := b.client.Fork(c, id, pv.Seq, client.ForkRequest{By: "ops"}); err == nil || !strings.Contains(err.Error(), "completed by then") {
+		t.Fatalf("fork at the end: %v", err)
+	}
+}

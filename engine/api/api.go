@@ -38,6 +38,9 @@ const MaxRequestBytes = 8 << 20
 //	POST /v1/jobs/{id}/signals/{name}  {"data"?, "by", "id"?, "start"?: {"workflow", "input"?, "vars"?}} → {"signal", "job"}; 404 no job or
 //	     no wait step for the signal, 409 the job ended; with start, the job is started first when it does not exist
 //	     (these six answer 202 when no engine recorded the request within 30 s: it waits in the job's inbox)
+//	GET  /v1/jobs/{id}/at/{seq}     → the job as it stood at checkpoint sequence seq (client.Snapshot), rebuilt from its history
+//	POST /v1/jobs/{id}/rewind       {"to", "by", "reason"?} → {"job", "snapshot"}; 409 when the job is in a state a rewind does not apply to
+//	POST /v1/jobs/{id}/fork         {"from", "by", "job_id"?, "set"?: {path: value}} → 201 {job_id, ...}
 //	GET  /v1/effects?job=&state=    → {"effects": [...]} (state: prepared, dispatched, confirmed, ambiguous, reconciled)
 //	GET  /v1/effects/{key}          → one effect record (the key may contain '/')
 //	POST /v1/effects/resolve        {"key", "happened", "external_id"?, "result"?, "by", "note"?} → the reconciled record
@@ -71,6 +74,9 @@ func (a *API) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/jobs/{id}/approvals/{gate}/approve", a.decision("approve", a.Client.Approve))
 	mux.HandleFunc("POST /v1/jobs/{id}/approvals/{gate}/reject", a.decision("reject", a.Client.Reject))
 	mux.HandleFunc("POST /v1/jobs/{id}/signals/{name}", a.signalJob)
+	mux.HandleFunc("GET /v1/jobs/{id}/at/{seq}", a.jobAt)
+	mux.HandleFunc("POST /v1/jobs/{id}/rewind", a.rewindJob)
+	mux.HandleFunc("POST /v1/jobs/{id}/fork", a.forkJob)
 	mux.HandleFunc("GET /v1/effects", a.listEffects)
 	mux.HandleFunc("GET /v1/effects/{key...}", a.getEffect)
 	mux.HandleFunc("POST /v1/effects/resolve", a.resolveEffect)
@@ -436,23 +442,9 @@ func (a *API) decision(op string, call func(context.Context, string, string, cli
 }
 
 func (a *API) controlWith(w http.ResponseWriter, r *http.Request, op string, call func(context.Context, string, client.ControlRequest) (*client.JobView, error)) {
-	id := r.PathValue("id")
-	if err := client.ValidateJobID(id); err != nil {
-		a.fail(w, r, err)
-		return
-	}
-	data, err := readBody(w, r)
-	if err != nil {
-		a.fail(w, r, err)
-		return
-	}
-	if err := schemas.CheckJSONText(data); err != nil {
-		a.fail(w, r, fmt.Errorf("request body: %w", err))
-		return
-	}
 	var req client.ControlRequest
-	if err := decodeStrict(data, &req); err != nil {
-		a.fail(w, r, err)
+	id, ok := a.decodeJobRequest(w, r, &req)
+	if !ok {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
@@ -470,6 +462,91 @@ func (a *API) controlWith(w http.ResponseWriter, r *http.Request, op string, cal
 	}
 }
 
+// jobAt answers a job's snapshot at a sequence.
+func (a *API) jobAt(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := client.ValidateJobID(id); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	seq, err := strconv.ParseUint(r.PathValue("seq"), 10, 64)
+	if err != nil {
+		a.fail(w, r, schemas.Errorf(schemas.CodeInputInvalid, "seq %q: want a checkpoint sequence (engine history lists them)", r.PathValue("seq")))
+		return
+	}
+	s, err := a.Client.StateAt(r.Context(), id, seq)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s)
+}
+
+// rewindJob sets a job back to a sequence (client.Rewind).
+func (a *API) rewindJob(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		To     uint64 `json:"to"`
+		By     string `json:"by"`
+		Reason string `json:"reason,omitempty"`
+	}
+	id, ok := a.decodeJobRequest(w, r, &req)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	res, err := a.Client.Rewind(ctx, id, req.To, client.ControlRequest{By: req.By, Reason: req.Reason})
+	if err != nil {
+		a.signalFailed(w, r, id, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+// forkJob starts a fork of a job (client.Fork).
+func (a *API) forkJob(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		From  uint64                     `json:"from"`
+		By    string                     `json:"by"`
+		JobID string                     `json:"job_id,omitempty"`
+		Set   map[string]json.RawMessage `json:"set,omitempty"`
+	}
+	id, ok := a.decodeJobRequest(w, r, &req)
+	if !ok {
+		return
+	}
+	res, err := a.Client.Fork(r.Context(), id, req.From, client.ForkRequest{JobID: req.JobID, By: req.By, Set: req.Set})
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, res)
+}
+
+// decodeJobRequest reads the job id of the path and the body into req
+// (strictly); it answers the error itself and returns false on one.
+func (a *API) decodeJobRequest(w http.ResponseWriter, r *http.Request, req any) (string, bool) {
+	id := r.PathValue("id")
+	if err := client.ValidateJobID(id); err != nil {
+		a.fail(w, r, err)
+		return "", false
+	}
+	data, err := readBody(w, r)
+	if err != nil {
+		a.fail(w, r, err)
+		return "", false
+	}
+	if err := schemas.CheckJSONText(data); err != nil {
+		a.fail(w, r, fmt.Errorf("request body: %w", err))
+		return "", false
+	}
+	if err := decodeStrict(data, req); err != nil {
+		a.fail(w, r, err)
+		return "", false
+	}
+	return id, true
+}
+
 // signalRequest is the body of POST /v1/jobs/{id}/signals/{name}.
 type signalRequest struct {
 	Data  json.RawMessage `json:"data,omitempty"`
@@ -484,23 +561,9 @@ type signalRequest struct {
 
 // signalJob sends a named signal to a job (starting it first with start).
 func (a *API) signalJob(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	if err := client.ValidateJobID(id); err != nil {
-		a.fail(w, r, err)
-		return
-	}
-	data, err := readBody(w, r)
-	if err != nil {
-		a.fail(w, r, err)
-		return
-	}
-	if err := schemas.CheckJSONText(data); err != nil {
-		a.fail(w, r, fmt.Errorf("request body: %w", err))
-		return
-	}
 	var req signalRequest
-	if err := decodeStrict(data, &req); err != nil {
-		a.fail(w, r, err)
+	id, ok := a.decodeJobRequest(w, r, &req)
+	if !ok {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
@@ -508,6 +571,7 @@ func (a *API) signalJob(w http.ResponseWriter, r *http.Request) {
 	sr := client.SignalRequest{Name: r.PathValue("name"), Data: req.Data, By: req.By, ID: req.ID}
 	var v *client.JobView
 	var rs *schemas.ReceivedSignal
+	var err error
 	if req.Start != nil {
 		if req.Start.Workflow == "" {
 			a.fail(w, r, schemas.Errorf(schemas.CodeInputInvalid, "start.workflow is required: the workflow to start the job of"))

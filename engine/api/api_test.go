@@ -292,6 +292,37 @@ func TestHTTPControlAndApprovals(t *testing.T) {
 	if code, m := do("POST", "/v1/jobs/api-gate/pause", `{"by": "ops"}`); code != http.StatusConflict {
 		t.Errorf("pause of a completed job: %d %v", code, m)
 	}
+	// Time travel: the job at its gate (seq 2), then a fork from there.
+	if code, m := do("GET", "/v1/jobs/api-gate/at/2", ""); code != http.StatusOK || m["next"] != "ok" || m["status"] != "running" {
+		t.Errorf("at seq 2: %d %v", code, m)
+	}
+	for _, tc := range []struct {
+		method, path, body string
+		want               int
+	}{
+		{"GET", "/v1/jobs/api-gate/at/99", "", 400},
+		{"GET", "/v1/jobs/api-gate/at/x", "", 400},
+		{"GET", "/v1/jobs/nobody/at/1", "", 404},
+		{"POST", "/v1/jobs/api-gate/fork", `{"from": 2, "by": "ops", "set": {"a..b": 1}}`, 400},
+		{"POST", "/v1/jobs/api-gate/fork", `{"from": 2}`, 400},
+		{"POST", "/v1/jobs/api-gate/rewind", `{"to": 1, "by": "ops"}`, 400},
+	} {
+		if code, m := do(tc.method, tc.path, tc.body); code != tc.want {
+			t.Errorf("%s %s %s: %d %v, want %d", tc.method, tc.path, tc.body, code, m, tc.want)
+		}
+	}
+	code, m = do("POST", "/v1/jobs/api-gate/fork", `{"from": 2, "by": "ops", "job_id": "api-gate-fork"}`)
+	if code != http.StatusCreated || m["job_id"] != "api-gate-fork" {
+		t.Fatalf("fork: %d %v", code, m)
+	}
+	testsupport.Eventually(t, 20*time.Second, func() bool {
+		_, m = do("GET", "/v1/jobs/api-gate-fork", "")
+		return m["status"] == string(schemas.JobWaitingApproval)
+	}, "the fork never reached its gate: %v", m)
+	code, m = do("POST", "/v1/jobs/api-gate/rewind", `{"to": 2, "by": "ops", "reason": "again"}`)
+	if job, _ := m["job"].(map[string]any); code != http.StatusOK || job["status"] != string(schemas.JobWaitingApproval) {
+		t.Fatalf("rewind: %d %v", code, m)
+	}
 }
 
 // TestHTTPSignals: a signal with start creates the job and its wait step

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -492,5 +493,178 @@ passes first.`,
 	cmd.Flags().StringVar(&start, "start", "", "a workflow file: start JOB of it first when it does not exist")
 	cmd.Flags().StringVarP(&input, "input", "i", "", "with --start: the job's input, a JSON file or - (default: {})")
 	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for an engine to record it")
+	return cmd
+}
+
+func newInspectCmd(g *globals) *cobra.Command {
+	var output string
+	var at uint64
+	cmd := &cobra.Command{
+		Use:   "inspect JOB --at SEQ",
+		Short: "Show a job as it stood at a checkpoint sequence, rebuilt from its history",
+		Long: `Inspect rebuilds JOB at sequence SEQ (engine history lists them) from its
+history: the input, then each transition's state change. It shows the status,
+the state, the steps reached and where each stood, the step the job was at (where
+engine rewind and engine fork go on from), and the effects the ledger confirmed
+after SEQ. Exit 0; 1 for an unknown job; 2 for a sequence the job never reached.`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			if !cmd.Flags().Changed("at") {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--at SEQ is required (engine history lists the sequences)")}
+			}
+			return g.withClient(cmd.Context(), func(c *client.Client, _ *kv.Store) error {
+				s, err := c.StateAt(cmd.Context(), args[0], at)
+				if err != nil {
+					return controlExit("inspect", args[0], time.Minute, err)
+				}
+				if output == "json" {
+					return printJSON(g.stdout, s)
+				}
+				printSnapshot(g, s)
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	cmd.Flags().Uint64Var(&at, "at", 0, "the checkpoint sequence")
+	return cmd
+}
+
+func printSnapshot(g *globals, s *client.Snapshot) {
+	w := g.stdout
+	fmt.Fprintf(w, "job       %s at seq %d of %d (%s)\n", s.Job, s.Seq, s.LastSeq, s.At.UTC().Format(time.RFC3339))
+	fmt.Fprintf(w, "status    %s\n", s.Status)
+	if s.Next != "" {
+		fmt.Fprintf(w, "at step   %s\n", s.Next)
+	} else if s.Why != "" {
+		fmt.Fprintf(w, "at step   none: %s\n", s.Why)
+	}
+	ids := make([]string, 0, len(s.Steps))
+	for id := range s.Steps {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		fmt.Fprintf(w, "step      %s %s (runs ended: %d)\n", id, s.Steps[id], s.Runs[id])
+	}
+	for _, e := range s.EffectsAfter {
+		fmt.Fprintf(w, "later     effect %s of %s %s %s\n", e.Key, e.Step, e.State, e.ExternalID)
+	}
+	fmt.Fprintln(w, "state:")
+	_ = printJSON(w, s.State)
+}
+
+func newRewindCmd(g *globals) *cobra.Command {
+	var output, by, reason string
+	var to uint64
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "rewind JOB --to SEQ [--reason TEXT] [--by WHO]",
+		Short: "Set a job back to a checkpoint sequence and let it go on from there",
+		Long: `Rewind sets JOB back to sequence SEQ: its state then (rebuilt from the history,
+as engine inspect shows it) and each step's runs then, and the job goes on
+from the step it was at. A step it runs again reuses the idempotency key of
+that run: an effect the ledger confirmed after SEQ is answered from the ledger
+with its recorded result and is not performed again (rewind lists them). The
+job must have completed or failed, wait for approval, or be paused (engine
+pause it first; what was in flight is dropped); open gates of the timeline
+left behind expire. Exit 0 once the engine recorded it; 1 when the job is in
+another state; 2 for a sequence at which the job was at no single step.`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			if err := checkBy(cmd, &by); err != nil {
+				return err
+			}
+			if !cmd.Flags().Changed("to") {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--to SEQ is required (engine history lists the sequences)")}
+			}
+			return g.withClient(cmd.Context(), func(c *client.Client, _ *kv.Store) error {
+				ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+				defer cancel()
+				res, err := c.Rewind(ctx, args[0], to, client.ControlRequest{By: by, Reason: reason})
+				if err != nil {
+					return controlExit("rewind", args[0], timeout, err)
+				}
+				if output == "json" {
+					return printJSON(g.stdout, res)
+				}
+				fmt.Fprintf(g.stdout, "job %s rewound to seq %d, going on from %s; job %s\n", args[0], to, res.Snapshot.Next, res.Job.Status)
+				for _, e := range res.Snapshot.EffectsAfter {
+					fmt.Fprintf(g.stdout, "  effect %s (%s, %s) is answered from the ledger, not performed again\n", e.Key, e.Step, e.State)
+				}
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	cmd.Flags().Uint64Var(&to, "to", 0, "the checkpoint sequence to go back to")
+	cmd.Flags().StringVar(&by, "by", "", "who does it (default: the current user)")
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the record")
+	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for an engine to record it")
+	return cmd
+}
+
+func newForkCmd(g *globals) *cobra.Command {
+	var output, by, jobID string
+	var from uint64
+	var sets []string
+	cmd := &cobra.Command{
+		Use:   "fork JOB --from SEQ [--set PATH=JSON]... [--job-id ID]",
+		Short: "Start a new job from a job as it stood at a checkpoint sequence",
+		Long: `Fork starts a new job from JOB as it stood at sequence SEQ: the same pinned
+definition and vars, the state then with each --set applied (a dotted state
+path and a JSON value: --set quote.amount=50, --set 'note="again"'), starting
+at the step JOB was at. JOB is not changed, and goes on if it runs. engine
+status shows the fork's origin under fork. A run of a step that JOB had
+reached when the fork was taken takes JOB's idempotency key, so an effect JOB
+confirmed is answered from the ledger and never made twice; later runs are the
+fork's own. Prints the new job's id. Exit 0; 1 for an unknown job; 2 for a bad
+--set or a sequence at which the job was at no single step.`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			if err := checkBy(cmd, &by); err != nil {
+				return err
+			}
+			if !cmd.Flags().Changed("from") {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--from SEQ is required (engine history lists the sequences)")}
+			}
+			set := map[string]json.RawMessage{}
+			for _, s := range sets {
+				path, val, ok := strings.Cut(s, "=")
+				if !ok || path == "" {
+					return &ExitError{Code: 2, Err: fmt.Errorf("--set %q: want PATH=JSON (quote.amount=50)", s)}
+				}
+				if !json.Valid([]byte(val)) {
+					return &ExitError{Code: 2, Err: fmt.Errorf("--set %s: %q is not JSON (a string needs its quotes: --set '%s=\"text\"')", path, val, path)}
+				}
+				set[path] = json.RawMessage(val)
+			}
+			return g.withClient(cmd.Context(), func(c *client.Client, _ *kv.Store) error {
+				res, err := c.Fork(cmd.Context(), args[0], from, client.ForkRequest{JobID: jobID, By: by, Set: set})
+				if err != nil {
+					return controlExit("fork", args[0], time.Minute, err)
+				}
+				if output == "json" {
+					return printJSON(g.stdout, res)
+				}
+				fmt.Fprintln(g.stdout, res.JobID)
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text (the new job's id) or json")
+	cmd.Flags().Uint64Var(&from, "from", 0, "the checkpoint sequence to fork at")
+	cmd.Flags().StringArrayVar(&sets, "set", nil, "PATH=JSON: a state change for the fork (repeatable)")
+	cmd.Flags().StringVar(&jobID, "job-id", "", "the new job's id (default: JOB-fork-SEQ-…)")
+	cmd.Flags().StringVar(&by, "by", "", "who forks it (default: the current user)")
 	return cmd
 }
