@@ -188,3 +188,38 @@ func (e *Engine) checkChild(ctx context.Context, cp *schemas.Checkpoint, d *sche
 	}
 	return nil
 }
+
+// fireCron starts the job of a cron schedule's firing at at: id
+// "<schedule>-<at, UTC, to the second>", of the definition of the
+// schedule's workflow stored last, so that the same firing delivered
+// again attaches to that job. A firing that cannot start a job (its
+// workflow is gone, its input is refused) is logged and dropped; a
+// passing fault is returned, for the firing to come again.
+func (e *Engine) fireCron(ctx context.Context, name string, at time.Time, sc *kv.CronSchedule) error {
+	id := name + "-" + at.UTC().Format("20060102T150405Z")
+	def, err := e.store.Definitions.Latest(ctx, sc.Workflow)
+	if errors.Is(err, schemas.ErrNotFound) {
+		e.log.Error("cron schedule names a workflow that is not stored; firing dropped", "schedule", name, "workflow", sc.Workflow)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	input := sc.Input
+	if len(input) == 0 {
+		input = json.RawMessage("{}")
+	}
+	res, err := client.New(e.store).Start(ctx, def, input, client.StartOptions{JobID: id, Vars: sc.Vars})
+	switch {
+	case errors.Is(err, schemas.ErrInputInvalid), errors.Is(err, schemas.ErrTooLarge), errors.Is(err, schemas.ErrConflict):
+		e.log.Error("cron firing could not start its job; dropped", "schedule", name, "job", id, "err", err)
+		return nil
+	case err != nil:
+		return err
+	}
+	if !res.Attached {
+		e.ctr.cronStarted.Add(1)
+		e.log.Info("cron schedule started a job", "schedule", name, "job", id)
+	}
+	return nil
+}

@@ -765,3 +765,92 @@ steps:
 		t.Fatalf("fork at the end: %v", err)
 	}
 }
+
+// TestCronScheduleAcrossARestart: a cron schedule starts a job per
+// firing; the firings while no engine runs roll up into one job, started
+// once an engine runs again; a removed schedule fires no more.
+func TestCronScheduleAcrossARestart(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{noEngine: true})
+	b.worker(echo)
+	def := b.define("name: tick\nversion: 1\nsteps:\n  - {id: a, kind: noop}\n")
+	c := ctx30(t)
+	if err := b.store.Definitions.Put(c, def); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.store.PutCron(c, &kv.CronSchedule{Name: "every-second", Workflow: "tick", Cron: "* * * * * *", Input: json.RawMessage(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.store.PutCron(c, &kv.CronSchedule{Name: "bad", Workflow: "tick", Cron: "not a cron"}); err == nil {
+		t.Fatal("a bad cron expression was stored")
+	}
+	jobs := func() []string {
+		page, err := b.client.List(c, client.ListFilter{Workflow: "tick", Limit: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, j := range page.Jobs {
+			ids = append(ids, j.ID)
+		}
+		return ids
+	}
+	e, err := New(Config{Store: b.store, ReconcileInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	testsupport.Eventually(t, 20*time.Second, func() bool { return len(jobs()) >= 2 }, "the schedule started no jobs")
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	stoppedAt := time.Now()
+	st, err := b.store.JS.Stream(c, b.store.Names.TimerStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fired := func() uint64 {
+		m, err := st.GetLastMsgForSubject(c, b.store.Names.TimerPrefix+"fired.every-second")
+		if err != nil {
+			return 0
+		}
+		return m.Sequence
+	}
+	// Two firings seen while no engine runs: the second rolled the first up.
+	seen := map[uint64]bool{}
+	testsupport.Eventually(t, 20*time.Second, func() bool {
+		if q := fired(); q != 0 {
+			seen[q] = true
+		}
+		return len(seen) >= 2
+	}, "the schedule did not fire twice while the engine was down")
+	if err := b.store.RemoveCron(c, "every-second"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.store.RemoveCron(c, "every-second"); !errors.Is(err, schemas.ErrNotFound) {
+		t.Fatalf("removed twice: %v", err)
+	}
+	before := len(jobs())
+	b.runEngine(Config{})
+	cons, err := b.store.JS.Consumer(c, b.store.Names.TimerStream, b.store.Names.TimerConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testsupport.Eventually(t, 20*time.Second, func() bool {
+		info, err := cons.Info(c)
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0 && len(jobs()) > before
+	}, "no job came of the firings while the engine was down")
+	var after int
+	for _, id := range jobs() {
+		ts, err := time.Parse("20060102T150405Z", strings.TrimPrefix(id, "every-second-"))
+		if err == nil && !ts.Before(stoppedAt.Truncate(time.Second).Add(time.Second)) {
+			after++
+		}
+	}
+	if after != 1 {
+		t.Fatalf("%d jobs of firings after the engine stopped, want 1 (rolled up): %v", after, jobs())
+	}
+}

@@ -195,7 +195,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	go func() {
 		defer wg.Done()
 		for ctx.Err() == nil {
-			if err := e.store.ForwardTimers(ctx); err != nil {
+			if err := e.store.ForwardTimers(ctx, e.fireCron); err != nil {
 				e.log.Warn("timer forwarding stopped; trying again in 5s", "err", err)
 				select {
 				case <-ctx.Done():

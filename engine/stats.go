@@ -31,6 +31,7 @@ type Stats struct {
 	EffectsSwept     uint64 `json:"effects_swept"`    // effect records removed with their job after its retention
 	JobsSwept        uint64 `json:"jobs_swept"`       // finished jobs removed after their retention
 	ChildrenStarted  uint64 `json:"children_started"` // child jobs started by workflow steps
+	CronStarted      uint64 `json:"cron_started"`     // jobs started by cron schedules
 	// HistoryRepublished counts transitions whose events this engine
 	// published again before writing the next checkpoint, because it could
 	// not tell they were stored (another engine, or a restart, wrote them).
@@ -69,7 +70,7 @@ type counters struct {
 	reconcileErrors, handleErrors, blocked, unblocked    atomic.Uint64
 	deadLetters, swept, requeued                         atomic.Uint64
 	jobsSwept, historyRepublished, definitionBlocked     atomic.Uint64
-	childrenStarted, jobsCancelled                       atomic.Uint64
+	childrenStarted, jobsCancelled, cronStarted          atomic.Uint64
 	definitionUnblocked, markedAmbiguous, panics         atomic.Uint64
 	quarantined, indexRepaired, storageFull              atomic.Uint64
 	activeJobs, waitingForWorkers                        atomic.Int64
@@ -114,6 +115,7 @@ func (e *Engine) Stats() Stats {
 		Requeued:               c.requeued.Load(),
 		JobsSwept:              c.jobsSwept.Load(),
 		ChildrenStarted:        c.childrenStarted.Load(),
+		CronStarted:            c.cronStarted.Load(),
 		HistoryRepublished:     c.historyRepublished.Load(),
 		DefinitionBlocked:      c.definitionBlocked.Load(),
 		DefinitionUnblocked:    c.definitionUnblocked.Load(),

@@ -544,10 +544,11 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 			// engine forwards to the job's inbox (ADR-51 message schedules,
 			// nats-server 2.12+).
 			Name:              n.TimerStream,
-			Description:       "Waymark durable timers: schedules on waymark.timer.set.<job>.<name>, fired on waymark.timer.due.<job> and forwarded by engines to the job's inbox",
-			Subjects:          []string{n.TimerPrefix + "set.*.*", n.TimerPrefix + "due.*"},
+			Description:       "Waymark durable timers: schedules on waymark.timer.set.<job>.<name>, fired on waymark.timer.due.<job> and forwarded by engines to the job's inbox; cron schedules on waymark.timer.cron.<name>, fired on waymark.timer.fired.<name>, each firing a job",
+			Subjects:          []string{n.TimerPrefix + "set.*.*", n.TimerPrefix + "due.*", n.TimerPrefix + "cron.*", n.TimerPrefix + "fired.*"},
 			Retention:         jetstream.WorkQueuePolicy,
 			AllowMsgSchedules: true,
+			AllowRollup:       true, // a cron firing rolls up the one before it that no engine took yet
 			Duplicates:        c.Duplicates,
 			MaxMsgSize:        c.MaxMessageBytes,
 			AllowDirect:       true,
@@ -632,14 +633,14 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 		return nil, nil, err
 	}
 	if _, err := s.ensureConsumer(ctx, n.TimerStream, jetstream.ConsumerConfig{
-		Durable:       n.TimerConsumer,
-		Description:   "Waymark engines: due timers to forward to the jobs' inboxes",
-		FilterSubject: n.TimerPrefix + "due.*",
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       c.InboxAckWait,
-		MaxDeliver:    -1,
-		MaxAckPending: c.MaxAckPending,
-		Metadata:      meta,
+		Durable:        n.TimerConsumer,
+		Description:    "Waymark engines: due timers to forward to the jobs' inboxes, cron firings to start jobs of",
+		FilterSubjects: []string{n.TimerPrefix + "due.*", n.TimerPrefix + "fired.*"},
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        c.InboxAckWait,
+		MaxDeliver:     -1,
+		MaxAckPending:  c.MaxAckPending,
+		Metadata:       meta,
 	}); err != nil {
 		return nil, nil, err
 	}
@@ -986,12 +987,15 @@ func (s *Store) ensureConsumerFor(ctx context.Context, stream string, cfg jetstr
 		layout = append(layout, mismatch{"ack policy", strings.ToLower(strings.TrimPrefix(have.AckPolicy.String(), "Ack")), "explicit", true,
 			"messages would be taken as handled before they are"})
 	}
-	if have.FilterSubject != cfg.FilterSubject || len(have.FilterSubjects) > 0 {
-		filter := fmt.Sprintf("%q", have.FilterSubject)
+	if have.FilterSubject != cfg.FilterSubject || !slices.Equal(have.FilterSubjects, cfg.FilterSubjects) {
+		filter, want := fmt.Sprintf("%q", have.FilterSubject), fmt.Sprintf("%q", cfg.FilterSubject)
 		if len(have.FilterSubjects) > 0 {
 			filter = fmt.Sprint(have.FilterSubjects)
 		}
-		layout = append(layout, mismatch{"filter subject", filter, fmt.Sprintf("%q", cfg.FilterSubject), true,
+		if len(cfg.FilterSubjects) > 0 {
+			want = fmt.Sprint(cfg.FilterSubjects)
+		}
+		layout = append(layout, mismatch{"filter subject", filter, want, true,
 			"it would deliver other messages than the ones this consumer is for"})
 	}
 	if have.DeliverSubject != "" {

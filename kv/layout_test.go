@@ -234,7 +234,7 @@ func TestOpenCreatesLayout(t *testing.T) {
 		{n.InboxStream, []string{"wmtest.inbox.*.*"}, jetstream.WorkQueuePolicy, 0},
 		{n.HistoryStream, []string{"wmtest.history.*", "wmtest.history.*.effects"}, jetstream.LimitsPolicy, 48 * time.Hour},
 		{n.EpochStream, []string{"wmtest.queue_epoch"}, jetstream.LimitsPolicy, 0},
-		{n.TimerStream, []string{"wmtest.timer.set.*.*", "wmtest.timer.due.*"}, jetstream.WorkQueuePolicy, 0},
+		{n.TimerStream, []string{"wmtest.timer.set.*.*", "wmtest.timer.due.*", "wmtest.timer.cron.*", "wmtest.timer.fired.*"}, jetstream.WorkQueuePolicy, 0},
 	}
 	for _, s := range streams {
 		c := streamConfig(t, b.js, s.name)

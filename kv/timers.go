@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -82,14 +84,22 @@ func (s *Store) CancelTimers(ctx context.Context, job string) error {
 // ForwardTimers forwards due timers to the jobs' inboxes until ctx ends:
 // each fired message is published on its inbox subject under its dedup
 // id, then acknowledged (at least once; the inbox's duplicate window and
-// the engine's fencing make a second copy harmless). Engines run it; a
-// consumer shared by all of them gives each timer to one.
-func (s *Store) ForwardTimers(ctx context.Context) error {
+// the engine's fencing make a second copy harmless). A cron schedule's
+// firing is handed to fire (its name, when it fired, the schedule), and
+// acknowledged once fire returns nil. Engines run it; a consumer shared
+// by all of them gives each timer to one.
+func (s *Store) ForwardTimers(ctx context.Context, fire func(ctx context.Context, name string, at time.Time, sc *CronSchedule) error) error {
 	cons, err := s.JS.Consumer(ctx, s.Names.TimerStream, s.Names.TimerConsumer)
 	if err != nil {
 		return fmt.Errorf("open consumer %s: %w", s.Names.TimerConsumer, err)
 	}
-	cc, err := cons.Consume(func(m jetstream.Msg) { s.forwardTimer(ctx, m) })
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		if name, ok := cutToken(m.Subject(), s.Names.TimerPrefix+"fired."); ok {
+			s.fireCron(ctx, m, name, fire)
+			return
+		}
+		s.forwardTimer(ctx, m)
+	})
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", s.Names.TimerConsumer, err)
 	}
@@ -124,6 +134,110 @@ func (s *Store) forwardTimer(ctx context.Context, m jetstream.Msg) {
 		return
 	}
 	_ = m.Ack()
+}
+
+func (s *Store) fireCron(ctx context.Context, m jetstream.Msg, name string, fire func(context.Context, string, time.Time, *CronSchedule) error) {
+	var sc CronSchedule
+	if err := json.Unmarshal(m.Data(), &sc); err != nil {
+		s.log.Error("dropping malformed cron firing", "schedule", name, "err", err)
+		_ = m.Term()
+		return
+	}
+	at := time.Now()
+	if md, err := m.Metadata(); err == nil {
+		at = md.Timestamp
+	}
+	if err := fire(ctx, name, at.UTC().Truncate(time.Second), &sc); err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("cron firing: will try again", "schedule", name, "err", err)
+		}
+		_ = m.NakWithDelay(5 * time.Second)
+		return
+	}
+	_ = m.Ack()
+}
+
+// CronSchedule is a cron schedule's body: what each firing starts.
+type CronSchedule struct {
+	Name     string            `json:"name"`
+	Workflow string            `json:"workflow"` // the definition of this name stored last when it fires
+	Input    json.RawMessage   `json:"input,omitempty"`
+	Vars     map[string]string `json:"vars,omitempty"`
+	Cron     string            `json:"cron"`                // as given: 6 fields (seconds first) or @hourly, @daily, ...
+	TimeZone string            `json:"time_zone,omitempty"` // IANA name; empty: UTC
+	By       string            `json:"by,omitempty"`
+	Created  time.Time         `json:"created"`
+}
+
+// CronSubject is the subject of cron schedule name.
+func (n Names) CronSubject(name string) string { return n.TimerPrefix + "cron." + name }
+
+// PutCron stores (or replaces) cron schedule sc: a repeating JetStream
+// message schedule whose every firing is sent to the engines (rolling up
+// one no engine took yet: firings missed while every engine was down make
+// one job, not one each). Errors: the server's, which names a cron
+// expression or time zone it does not take.
+func (s *Store) PutCron(ctx context.Context, sc *CronSchedule) error {
+	data, err := json.Marshal(sc)
+	if err != nil {
+		return err
+	}
+	m := nats.NewMsg(s.Names.CronSubject(sc.Name))
+	m.Data = data
+	m.Header.Set("Nats-Schedule-Rollup", "sub")
+	if sc.TimeZone != "" {
+		m.Header.Set("Nats-Schedule-Time-Zone", sc.TimeZone)
+	}
+	if _, err := s.JS.PublishMsg(ctx, m, jetstream.WithScheduleCron(sc.Cron), jetstream.WithScheduleTarget(s.Names.TimerPrefix+"fired."+sc.Name)); err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.Code == 400 {
+			return schemas.Errorf(schemas.CodeInputInvalid, "cron schedule %s: the server refused %q%s: %s (want 6 fields, seconds first, such as \"0 30 9 * * 1-5\", or @hourly, @daily, @weekly, @monthly, @yearly)",
+				sc.Name, sc.Cron, map[bool]string{true: " in zone " + sc.TimeZone, false: ""}[sc.TimeZone != ""], apiErr.Description)
+		}
+		return fmt.Errorf("store cron schedule %s (%s): %w", sc.Name, sc.Cron, err)
+	}
+	return nil
+}
+
+// Crons lists the cron schedules stored, by name.
+func (s *Store) Crons(ctx context.Context) ([]*CronSchedule, error) {
+	st, err := s.JS.Stream(ctx, s.Names.TimerStream)
+	if err != nil {
+		return nil, fmt.Errorf("list cron schedules: %w", err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(s.Names.TimerPrefix+"cron.*"))
+	if err != nil {
+		return nil, fmt.Errorf("list cron schedules: %w", err)
+	}
+	var out []*CronSchedule
+	for subj := range info.State.Subjects {
+		m, err := st.GetLastMsgForSubject(ctx, subj)
+		if err != nil {
+			continue // removed meanwhile
+		}
+		var sc CronSchedule
+		if json.Unmarshal(m.Data, &sc) == nil {
+			out = append(out, &sc)
+		}
+	}
+	slices.SortFunc(out, func(a, b *CronSchedule) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// RemoveCron removes cron schedule name; firings already sent still start
+// their jobs. Errors: schemas.ErrNotFound for no such schedule.
+func (s *Store) RemoveCron(ctx context.Context, name string) error {
+	st, err := s.JS.Stream(ctx, s.Names.TimerStream)
+	if err != nil {
+		return fmt.Errorf("remove cron schedule %s: %w", name, err)
+	}
+	if _, err := st.GetLastMsgForSubject(ctx, s.Names.CronSubject(name)); errors.Is(err, jetstream.ErrMsgNotFound) {
+		return fmt.Errorf("remove cron schedule %s: there is no schedule of that name (engine schedule list): %w", name, schemas.ErrNotFound)
+	}
+	if err := st.Purge(ctx, jetstream.WithPurgeSubject(s.Names.CronSubject(name))); err != nil {
+		return fmt.Errorf("remove cron schedule %s: %w", name, err)
+	}
+	return nil
 }
 
 func cutToken(subject, prefix string) (string, bool) {

@@ -34,7 +34,9 @@ func TestTimerIsForwardedToTheInboxWhenDue(t *testing.T) {
 	}
 	fctx, stop := context.WithCancel(c)
 	done := make(chan error, 1)
-	go func() { done <- b.store.ForwardTimers(fctx) }()
+	go func() {
+		done <- b.store.ForwardTimers(fctx, func(context.Context, string, time.Time, *kv.CronSchedule) error { return nil })
+	}()
 	defer func() { stop(); <-done }()
 
 	inbox, err := b.store.EngineConsumer(c)

@@ -668,3 +668,120 @@ fork's own. Prints the new job's id. Exit 0; 1 for an unknown job; 2 for a bad
 	cmd.Flags().StringVar(&by, "by", "", "who forks it (default: the current user)")
 	return cmd
 }
+
+func newScheduleCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "schedule",
+		Short: "Cron schedules: start a job of a workflow at each firing",
+		Long: `A cron schedule starts a job of its workflow (the definition of that name
+stored last) at each firing, with the schedule's input, under the id
+<name>-<firing time, UTC, to the second>: the same firing delivered twice
+starts one job. Schedules are JetStream message schedules in WAYMARK_TIMERS;
+the NATS server's clock fires them. Firings that come while no engine runs
+roll up into one: the next engine starts one job for them, not one each.`,
+	}
+	requireSubcommand(cmd)
+	var input, tz, output string
+	var vars []string
+	add := &cobra.Command{
+		Use:   "add NAME WORKFLOW --cron EXPR [--input FILE] [--tz ZONE]",
+		Short: "Store (or replace) a cron schedule",
+		Long: `Add stores WORKFLOW and the schedule NAME (1 to 64 letters, digits, '_', '-'):
+--cron takes 6 fields, seconds first ("0 30 9 * * 1-5": 09:30 on weekdays), or
+@hourly, @daily, @weekly, @monthly, @yearly; --tz an IANA time zone (default
+UTC). A schedule of the same name is replaced. Exit 0; 2 for a bad name,
+expression, zone or input.`,
+		Args: exactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cron, _ := cmd.Flags().GetString("cron")
+			if err := schemas.CheckSignalName(args[0]); err != nil {
+				return &ExitError{Code: 2, Err: fmt.Errorf("schedule name: %v", strings.Replace(err.Error(), "signal name", "name", 1))}
+			}
+			if strings.TrimSpace(cron) == "" {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--cron is required (6 fields, seconds first, or @hourly, @daily, ...)")}
+			}
+			if tz != "" {
+				if _, err := time.LoadLocation(tz); err != nil || tz == "Local" {
+					return &ExitError{Code: 2, Err: fmt.Errorf("--tz %q: not an IANA time zone (Europe/Paris, America/New_York, UTC)", tz)}
+				}
+			}
+			def, err := loadWorkflowForAnyWorker(args[1], nil, nil)
+			if err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			in, err := readInput(input, cmd.InOrStdin())
+			if err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			if err := client.CheckInput(def, in); err != nil {
+				return &ExitError{Code: 2, Err: inputError(input, in, err)}
+			}
+			vm, err := parseVars(vars, def)
+			if err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			return g.withClient(cmd.Context(), func(_ *client.Client, st *kv.Store) error {
+				if err := st.Definitions.Put(cmd.Context(), def); err != nil {
+					return err
+				}
+				sc := &kv.CronSchedule{Name: args[0], Workflow: def.Name, Input: in, Vars: vm, Cron: cron, TimeZone: tz, By: whoami(), Created: time.Now().UTC()}
+				if err := st.PutCron(cmd.Context(), sc); err != nil {
+					return &ExitError{Code: 2, Err: err}
+				}
+				fmt.Fprintf(g.stdout, "schedule %s: %s v%d at %q%s\n", sc.Name, def.Name, def.Version, cron, map[bool]string{true: " (" + tz + ")", false: ""}[tz != ""])
+				return nil
+			})
+		},
+	}
+	add.Flags().String("cron", "", "when: 6 cron fields, seconds first, or @hourly, @daily, @weekly, @monthly, @yearly")
+	add.Flags().StringVarP(&input, "input", "i", "", "each job's input: a JSON file, or - for stdin (default: {})")
+	add.Flags().StringVar(&tz, "tz", "", "IANA time zone of the cron fields (default UTC)")
+	add.Flags().StringArrayVar(&vars, "var", nil, "name=value overriding one of the workflow's vars (repeatable)")
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List the cron schedules",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(output); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			return g.withClient(cmd.Context(), func(_ *client.Client, st *kv.Store) error {
+				scs, err := st.Crons(cmd.Context())
+				if err != nil {
+					return err
+				}
+				if output == "json" {
+					if scs == nil {
+						scs = []*kv.CronSchedule{}
+					}
+					return printJSON(g.stdout, map[string]any{"schedules": scs})
+				}
+				for _, sc := range scs {
+					zone := sc.TimeZone
+					if zone == "" {
+						zone = "UTC"
+					}
+					fmt.Fprintf(g.stdout, "%s\t%s\t%q %s\tby %s since %s\n", sc.Name, sc.Workflow, sc.Cron, zone, sc.By, sc.Created.Format(time.RFC3339))
+				}
+				return nil
+			})
+		},
+	}
+	list.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	remove := &cobra.Command{
+		Use:   "remove NAME",
+		Short: "Remove a cron schedule (firings already sent still start their jobs)",
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return g.withClient(cmd.Context(), func(_ *client.Client, st *kv.Store) error {
+				if err := st.RemoveCron(cmd.Context(), args[0]); err != nil {
+					return &ExitError{Code: 1, Err: err}
+				}
+				fmt.Fprintf(g.stdout, "schedule %s removed\n", args[0])
+				return nil
+			})
+		},
+	}
+	cmd.AddCommand(add, list, remove)
+	return cmd
+}
