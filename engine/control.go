@@ -642,6 +642,21 @@ func rewindJob(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now tim
 	return append(evs, dispatchOrStop(c, cp, sig.From, true, time.Time{}, now)...)
 }
 
+// parked reports whether cp waits for a person or a timer with nothing
+// else in flight: at an approval gate, a sleep, a wait for a signal, or
+// paused with its next dispatch held. Such a job is not kept in the
+// engine's cache: thousands of them cost the engine no memory.
+func parked(cp *schemas.Checkpoint) bool {
+	if cp.Status == schemas.JobWaitingApproval {
+		return true
+	}
+	if cp.Status != schemas.JobRunning || cp.Fan != nil || cp.Current == nil {
+		return false
+	}
+	d := cp.Current
+	return d.Held || d.Wait != "" || (d.Due != nil && d.Pool == "")
+}
+
 // heldOrReleased marks the new dispatches of next Held while it is paused,
 // and returns what to publish: the new dispatches that are not held, and
 // those engine resume released.

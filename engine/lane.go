@@ -475,7 +475,13 @@ func (e *Engine) write(ctx context.Context, ps []*plan) (conflicts []*plan) {
 				c.flushing = make(chan struct{})
 			}
 			f.p.entry = c
-			e.cache.add(f.p.job, c)
+			if parked(f.p.next) {
+				// It waits for a person or a timer, maybe for days: the
+				// cache is for jobs that move.
+				e.cache.remove(f.p.job)
+			} else {
+				e.cache.add(f.p.job, c)
+			}
 			e.ctr.progress(e.cfg.Now())
 			if e.cfg.OnWrite != nil {
 				e.cfg.OnWrite(f.p.next)

@@ -47,9 +47,13 @@ type ScaleConfig struct {
 	Finished int `json:"finished"`
 	// Idle is how long the idle engine's CPU is measured, with only the
 	// finished jobs stored. Default 10s (with Finished > 0).
-	Idle   time.Duration `json:"idle_ns"`
-	Dir    string        `json:"-"` // server files; default a temporary directory
-	Logger *slog.Logger  `json:"-"`
+	Idle time.Duration `json:"idle_ns"`
+	// Waiting is what the jobs wait on: "slow" (default: a step no worker
+	// serves; the restart is measured too), "approval" (an approval gate
+	// with a 24h expiry timer) or "sleep" (a 1h sleep step's timer).
+	Waiting string       `json:"waiting,omitempty"`
+	Dir     string       `json:"-"` // server files; default a temporary directory
+	Logger  *slog.Logger `json:"-"`
 }
 
 // ScalePoint is the engine process's memory with Jobs jobs in flight, each
@@ -79,6 +83,14 @@ type ScaleResult struct {
 	IdleCPUPercent   float64 `json:"idle_cpu_percent"`
 	ListRunningP50Ms float64 `json:"list_running_p50_ms"`
 	FirstPageP50Ms   float64 `json:"first_page_p50_ms"`
+}
+
+// waitingWorkflows are the workflows of ScaleConfig.Waiting other than
+// "slow": their jobs wait on a durable timer (an approval's expiry, a
+// sleep), with nothing dispatched to a worker.
+var waitingWorkflows = map[string]string{
+	"approval": "name: scale-approval\nversion: 1\nsteps:\n  - {id: gate, kind: approval, with: {action: go on, expires_in: 24h}, next: [{to: done}]}\n  - {id: done, kind: noop}\n",
+	"sleep":    "name: scale-sleep\nversion: 1\nsteps:\n  - {id: nap, kind: sleep, with: {for: 1h}, next: [{to: done}]}\n  - {id: done, kind: noop}\n",
 }
 
 const scaleWorkflow = `name: scale
@@ -150,7 +162,15 @@ func RunScale(ctx context.Context, cfg ScaleConfig) (*ScaleResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	def, err := schemas.Parse("scale.yaml", []byte(scaleWorkflow), schemas.LoadOptions{
+	wf := scaleWorkflow
+	switch cfg.Waiting {
+	case "", "slow":
+	case "approval", "sleep":
+		wf = waitingWorkflows[cfg.Waiting]
+	default:
+		return nil, fmt.Errorf("bench scale: waiting %q: want slow, approval or sleep", cfg.Waiting)
+	}
+	def, err := schemas.Parse("scale.yaml", []byte(wf), schemas.LoadOptions{
 		Checks: []schemas.CheckFunc{engine.Check, steps.Builtins().Check(&steps.Env{})}})
 	if err != nil {
 		return nil, err
@@ -180,6 +200,11 @@ func RunScale(ctx context.Context, cfg ScaleConfig) (*ScaleResult, error) {
 		}
 		started = n
 		if err := waitFor(ctx, 5*time.Minute, func() (bool, error) {
+			if wf != scaleWorkflow {
+				// Each job's timer is set once its gate or sleep is written.
+				q, err := subjectCount(ctx, store, store.Names.TimerStream, store.Names.TimerPrefix+"set.*.*")
+				return q >= uint64(n), err
+			}
 			q, err := subjectCount(ctx, store, store.Names.WorkStream, store.Names.WorkSubject("slow", "*"))
 			return q >= uint64(n), err
 		}); err != nil {
@@ -197,6 +222,9 @@ func RunScale(ctx context.Context, cfg ScaleConfig) (*ScaleResult, error) {
 		res.Points = append(res.Points, p)
 	}
 
+	if wf != scaleWorkflow {
+		return res, nil // timers of an hour and more: no restart to time
+	}
 	// Restart: kill the engine, let a worker finish every slow step (the
 	// results wait in the inbox), start a new engine and time it.
 	eng.kill()

@@ -127,15 +127,19 @@ func newBenchScaleCmd(g *globals) *cobra.Command {
 	var output string
 	var settle time.Duration
 	var finished int
+	var waiting string
 	cmd := &cobra.Command{
-		Use:   "scale [--jobs 100,10000]",
+		Use:   "scale [--jobs 100,10000] [--waiting slow|approval|sleep]",
 		Short: "Measure the engine's memory with many jobs in flight, and its first progress after a kill",
 		Long: `Scale starts an engine process (engine serve --workers 0) against an embedded
 server, starts jobs whose first step waits for a worker pool nobody serves, and
 reads the engine's RSS and Go heap with each --jobs count in flight. Then it
 kills the engine (SIGKILL), lets a worker finish every waiting step, starts a new
 engine process and reports how long after its start it wrote its first
-checkpoint, and when the last job completed. Linux only.`,
+checkpoint, and when the last job completed. With --waiting approval or sleep
+the jobs wait at an approval gate (with a 24h expiry timer) or in a 1h sleep
+instead: durable timers in the server, nothing in the engine; no restart is
+timed then. Linux only.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(output); err != nil {
@@ -156,7 +160,12 @@ checkpoint, and when the last job completed. Linux only.`,
 			if finished < 0 {
 				return &ExitError{Code: 2, Err: fmt.Errorf("--finished %d: want 0 or more", finished)}
 			}
-			res, err := bench.RunScale(cmd.Context(), bench.ScaleConfig{Jobs: jobs, Settle: settle, Finished: finished, Logger: log})
+			switch waiting {
+			case "slow", "approval", "sleep":
+			default:
+				return &ExitError{Code: 2, Err: fmt.Errorf("--waiting %q: want slow, approval or sleep", waiting)}
+			}
+			res, err := bench.RunScale(cmd.Context(), bench.ScaleConfig{Jobs: jobs, Settle: settle, Finished: finished, Waiting: waiting, Logger: log})
 			if err != nil {
 				return err
 			}
@@ -173,6 +182,9 @@ checkpoint, and when the last job completed. Linux only.`,
 				fmt.Fprintf(tw, "%d	%.1f	%.1f	\n", p.Jobs, float64(p.RSS)/(1<<20), float64(p.HeapInuse)/(1<<20))
 			}
 			_ = tw.Flush()
+			if res.RestartJobs == 0 {
+				return nil
+			}
 			fmt.Fprintf(g.stdout, "\nengine killed with %d jobs in flight; a new engine process wrote its first checkpoint %.0f ms after it started, and completed them all in %.0f ms\n",
 				res.RestartJobs, res.FirstProgressMs, res.DrainMs)
 			return nil
@@ -181,6 +193,7 @@ checkpoint, and when the last job completed. Linux only.`,
 	cmd.Flags().IntSliceVar(&jobs, "jobs", []int{100, 10000}, "jobs in flight at which memory is read, ascending")
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
 	cmd.Flags().DurationVar(&settle, "settle", 3*time.Second, "how long jobs are held before memory is read")
+	cmd.Flags().StringVar(&waiting, "waiting", "slow", "what jobs wait on: slow (a step no worker serves), approval (a gate with an expiry timer) or sleep (a 1h timer)")
 	cmd.Flags().IntVar(&finished, "finished", 0, "finished jobs stored first (checkpoints and index entries): then the idle engine's CPU and the list latencies are measured")
 	return cmd
 }
