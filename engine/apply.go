@@ -235,12 +235,38 @@ func dispatchOrStop(c *compiled, cp *schemas.Checkpoint, step string, newRun boo
 		return []event{failJob(cp, &schemas.Error{Code: schemas.CodeStepFailed, Job: cp.JobID, Step: step,
 			Message: fmt.Sprintf("the job dispatched %d step attempts, its limit (max_steps %d): a loop that does not end?", used, limit)}, now)}
 	}
+	if p := expiredOutput(c, cp, step, now); newRun && p != "" {
+		// An output this step may read has expired: its step runs again
+		// first.
+		cp.Refresh = &schemas.Refresh{Step: p, Then: step}
+		ev := dispatch(c, cp, p, true, time.Time{}, now)
+		ev.data.Reason = fmt.Sprintf("the output of %s expired at %s (valid_for): run again before %s", p, cp.ValidUntil[p].Format(time.RFC3339), step)
+		return []event{ev}
+	}
 	if s := c.def.Step(step); newRun && s != nil && isFan(s) {
 		return startFan(c, cp, s, now)
 	} else if newRun && s != nil && isAgent(s) {
 		return startAgent(c, cp, s, now)
 	}
 	return []event{dispatch(c, cp, step, newRun, notBefore, now)}
+}
+
+// expiredOutput returns the step whose output (valid_for) expired before
+// now and that is not step itself, the earliest to expire; "" when none.
+func expiredOutput(c *compiled, cp *schemas.Checkpoint, step string, now time.Time) string {
+	if len(cp.ValidUntil) == 0 || cp.Refresh != nil {
+		return ""
+	}
+	best := ""
+	for p, until := range cp.ValidUntil {
+		if p == step || !now.After(until) || c.def.Step(p) == nil {
+			continue
+		}
+		if best == "" || until.Before(cp.ValidUntil[best]) {
+			best = p
+		}
+	}
+	return best
 }
 
 // waitUntil is when the next attempt of step s follows one answered
@@ -310,6 +336,12 @@ func applyResult(c *compiled, cp *schemas.Checkpoint, res *schemas.StepResult, n
 	rec.LastError = nil
 	rec.ResultDigest = digest(res.Output)
 	cp.Current = nil
+	if step.ValidFor > 0 {
+		if cp.ValidUntil == nil {
+			cp.ValidUntil = map[string]time.Time{}
+		}
+		cp.ValidUntil[step.ID] = now.Add(time.Duration(step.ValidFor)).UTC()
+	}
 	evs = append(evs, event{typ: schemas.EventStepCompleted, data: schemas.HistoryData{
 		Job: cp.JobID, Step: res.Step, Attempt: res.Attempt, Status: string(rec.Status),
 		DurationMs: res.DurationMs, ResultDigest: rec.ResultDigest,
@@ -328,6 +360,13 @@ func follow(c *compiled, cp *schemas.Checkpoint, idx int, rec *schemas.StepRecor
 		// with the steps a job has done.
 		delete(cp.Steps, id)
 		cp.Completed = cp.Completed.With(idx)
+	}
+	if r := cp.Refresh; r != nil && r.Step == id {
+		// Run again because its output had expired: what was about to
+		// run goes now.
+		cp.Refresh = nil
+		completed.data.Next = r.Then
+		return dispatchOrStop(c, cp, r.Then, true, time.Time{}, now)
 	}
 	env := conditionEnv{State: stateDoc, Output: outDoc, Vars: cp.Vars, Step: id, Attempt: rec.RunAttempt}
 	for j, t := range c.next[idx] {
@@ -457,6 +496,9 @@ func failAttempt(c *compiled, cp *schemas.Checkpoint, step *schemas.Step, rec *s
 	}
 	rec.Status = schemas.StepFailed
 	cp.Current = nil
+	if r := cp.Refresh; r != nil && r.Step == step.ID {
+		cp.Refresh = nil // it failed running again: what waited on it does not go
+	}
 	if step.OnError != "" {
 		ev.data.Next = step.OnError
 		return append([]event{ev}, dispatchOrStop(c, cp, step.OnError, true, time.Time{}, now)...)

@@ -854,3 +854,56 @@ func TestCronScheduleAcrossARestart(t *testing.T) {
 		t.Fatalf("%d jobs of firings after the engine stopped, want 1 (rolled up): %v", after, jobs())
 	}
 }
+
+// TestExpiredOutputRunsAgainBeforeItIsUsed: a quote valid for a minute,
+// then an approval decided after it expired: the quote runs again before
+// the charge that reads it is dispatched; one decided in time goes on.
+func TestExpiredOutputRunsAgainBeforeItIsUsed(t *testing.T) {
+	t.Parallel()
+	var skew atomic.Int64
+	b := setup(t, setupOptions{engine: Config{Now: func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }}})
+	ch := b.manualWorker()
+	def := b.define(`
+name: fresh
+version: 1
+steps:
+  - {id: quote, kind: noop, save_as: quote, valid_for: 1m, next: [{to: approve}]}
+  - {id: approve, kind: approval, next: [{to: charge}]}
+  - {id: charge, kind: noop, effect: idempotent}
+`)
+	// Decided in time: the charge follows the approval.
+	inTime := b.start(def, `{}`, "fresh-0")
+	b.nextOf(inTime, ch).reply(json.RawMessage(`{"price": 40}`), nil)
+	b.wait(inTime)
+	if _, err := b.client.Approve(ctx30(t), inTime, "approve", client.ControlRequest{By: "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	if h := b.nextOf(inTime, ch); h.sm.Step != "charge" {
+		t.Fatalf("approved in time, then %s", h.sm.Step)
+	} else {
+		h.reply(json.RawMessage(`{}`), nil)
+	}
+	id := b.start(def, `{}`, "fresh-1")
+	first := b.nextOf(id, ch)
+	first.reply(json.RawMessage(`{"price": 40}`), nil)
+	if v := b.wait(id); v.Status != schemas.JobWaitingApproval {
+		t.Fatalf("status %s", v.Status)
+	}
+	skew.Store(int64(2 * time.Minute)) // the quote has expired by the engine's clock
+	if _, err := b.client.Approve(ctx30(t), id, "approve", client.ControlRequest{By: "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	again := b.nextOf(id, ch)
+	if again.sm.Step != "quote" || again.sm.EffectKey != "" {
+		t.Fatalf("after the approval came %s", again.sm.Step)
+	}
+	again.reply(json.RawMessage(`{"price": 42}`), nil)
+	charge := b.nextOf(id, ch)
+	if charge.sm.Step != "charge" || !strings.Contains(string(charge.sm.State), `"price": 42`) {
+		t.Fatalf("then %s with state %s", charge.sm.Step, charge.sm.State)
+	}
+	charge.reply(json.RawMessage(`{}`), nil)
+	if v := b.wait(id); v.Status != schemas.JobCompleted {
+		t.Fatalf("status %s", v.Status)
+	}
+}

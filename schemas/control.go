@@ -240,6 +240,21 @@ func checkControls(d *Definition) []Problem {
 	}
 	for i := range d.Steps {
 		s := &d.Steps[i]
+		if s.ValidFor == 0 {
+			continue
+		}
+		at := fmt.Sprintf("/steps/%d/valid_for", i)
+		switch {
+		case s.ValidFor < 0 || time.Duration(s.ValidFor) < time.Second:
+			add(at, "valid_for is %v: want at least 1s, or none (good for ever)", time.Duration(s.ValidFor))
+		case EngineKind(s.Kind) || s.Kind == KindAgent || s.ForEach != nil:
+			add(at, "valid_for is for a step a worker runs once per run (not %s steps or maps)", s.Kind)
+		case branch[s.ID] != "":
+			add(at, "valid_for is not supported on a parallel branch (%s)", branch[s.ID])
+		}
+	}
+	for i := range d.Steps {
+		s := &d.Steps[i]
 		base := fmt.Sprintf("/steps/%d", i)
 		gate := s.Kind == KindApproval || s.RequiresApproval != nil
 		what := "an approval step"
@@ -366,6 +381,13 @@ type ControlRecord struct {
 	Type string    `json:"type"`
 	By   string    `json:"by"`
 	At   time.Time `json:"at"`
+}
+
+// Refresh is a step run again because its output expired (valid_for)
+// before Then, the step that was about to be dispatched, which follows it.
+type Refresh struct {
+	Step string `json:"step"`
+	Then string `json:"then"`
 }
 
 // Pause records that a person paused a job: running steps finish,

@@ -154,6 +154,10 @@ type Step struct {
 	// (not before its retries): the job waits in JobWaitingApproval until
 	// a person approves the rendered action; see ApprovalSettings.
 	RequiresApproval *ApprovalSettings `json:"requires_approval,omitempty"`
+	// ValidFor is how long the step's output stays good (a quote good for
+	// 15 minutes): a later step about to be dispatched after it expired
+	// waits while the step runs again, then goes. 0: for good.
+	ValidFor Duration `json:"valid_for,omitempty"`
 }
 
 // Join modes of a parallel step.

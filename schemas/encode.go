@@ -133,6 +133,14 @@ func (cp *Checkpoint) AppendJSON(dst []byte) []byte {
 		b, _ := Marshal(cp.LastControl)
 		w.rawField("last_control", b)
 	}
+	if len(cp.ValidUntil) > 0 {
+		b, _ := Marshal(cp.ValidUntil)
+		w.rawField("valid_until", b)
+	}
+	if cp.Refresh != nil {
+		b, _ := Marshal(cp.Refresh)
+		w.rawField("refresh", b)
+	}
 	if cp.Cause != "" {
 		w.strField("cause", cp.Cause)
 	}

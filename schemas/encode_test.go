@@ -30,6 +30,8 @@ func sampleCheckpoint() *Checkpoint {
 		Paused:      &Pause{By: "ops", Reason: "r", At: t0},
 		Retries:     2,
 		LastControl: &ControlRecord{ID: "c1", Type: "pause", By: "ops", At: t0},
+		ValidUntil:  map[string]time.Time{"a": t0, "b": done},
+		Refresh:     &Refresh{Step: "a", Then: "b"},
 		Signals:     []*ReceivedSignal{{ID: "s1", Name: "paid", Data: json.RawMessage(`{"n":1}`), By: "ops", At: t0, Taken: "b"}},
 		Cause:       "job-1/b/1/result",
 		Flushed:     5,
