@@ -40,6 +40,9 @@ const (
 	HeaderItemBytes = "Waymark-Item-Bytes"
 	// HeaderValueOwner names the owner of the values the state refers to.
 	HeaderValueOwner = "Waymark-Value-Owner"
+	// HeaderStreamEnd marks the last message of an agent turn's text on
+	// the job's stream subject (no data): the turn's call has returned.
+	HeaderStreamEnd = "Waymark-Stream-End"
 	// HeaderTool names the agent tool a tool call runs; HeaderTurn is an
 	// agent turn's number and HeaderTranscript its transcript parts, as
 	// "<digest>:<bytes>:<messages>" joined by commas.

@@ -407,6 +407,7 @@ func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm 
 		}
 		call.Transcript = msgs
 		call.Stream = w.streamer(sm)
+		defer w.endStream(sm) // before the result is published: the watchers' cue
 	}
 	if ps.input != nil {
 		// A map item's input_schema is the item's.
@@ -619,6 +620,18 @@ func (w *Worker) streamer(sm *schemas.StepMessage) func(string) {
 		m.Data = []byte(text)
 		_ = nc.PublishMsg(m)
 	}
+}
+
+// endStream publishes the end of an agent turn's text on the job's stream
+// subject: a message without data, header HeaderStreamEnd, so that a
+// watcher prints the text before the turn's result.
+func (w *Worker) endStream(sm *schemas.StepMessage) {
+	m := nats.NewMsg(w.store.Names.StreamSubject(sm.Job))
+	m.Header.Set(schemas.HeaderStep, sm.Step)
+	m.Header.Set(schemas.HeaderTurn, strconv.Itoa(sm.Turn))
+	m.Header.Set(schemas.HeaderAttempt, strconv.Itoa(sm.Attempt))
+	m.Header.Set(schemas.HeaderStreamEnd, "true")
+	_ = w.store.JS.Conn().PublishMsg(m)
 }
 
 // transcript reads an agent turn's transcript parts from the value store.

@@ -58,7 +58,7 @@ waiting for a person (needs_reconciliation, blocked, quarantined), 130 when
 				if _, err := st.Checkpoints.Get(cmd.Context(), job); err != nil {
 					return &ExitError{Code: 1, Err: err}
 				}
-				w := &watcher{out: g.stdout, json: output == "json", seen: map[string]bool{}}
+				w := &watcher{out: g.stdout, json: output == "json", seen: map[string]bool{}, ended: map[string]chan struct{}{}}
 				// The transitions so far first, then what comes live.
 				evs, err := c.History(cmd.Context(), job)
 				if err != nil {
@@ -70,6 +70,10 @@ waiting for a person (needs_reconciliation, blocked, quarantined), 130 when
 				}
 				sub, err := st.JS.Conn().Subscribe(st.Names.StreamSubject(job), func(m *nats.Msg) {
 					turn, _ := strconv.Atoi(m.Header.Get(schemas.HeaderTurn))
+					if m.Header.Get(schemas.HeaderStreamEnd) != "" {
+						w.streamEnded(m.Header.Get(schemas.HeaderStep), turn)
+						return
+					}
 					w.text(m.Header.Get(schemas.HeaderStep), turn, string(m.Data))
 				})
 				if err != nil {
@@ -85,7 +89,7 @@ waiting for a person (needs_reconciliation, blocked, quarantined), 130 when
 					ctx, cancel = context.WithTimeout(ctx, timeout)
 					defer cancel()
 				}
-				v, err := c.Wait(ctx, job, w.event)
+				v, err := c.Wait(ctx, job, w.liveEvent)
 				if err != nil {
 					if timeout > 0 && errors.Is(err, context.DeadlineExceeded) {
 						return &ExitError{Code: 130, Err: fmt.Errorf("--timeout %v passed; job %s goes on", timeout, job)}
@@ -116,6 +120,50 @@ type watcher struct {
 	midLine  bool   // streamed text was printed without its line's end
 	streamOf string // "<step>/<turn>" of the text being printed
 	seen     map[string]bool
+	// ended holds, by "<step>/<turn>", a channel closed once the turn's
+	// text has ended (the worker's end marker).
+	ended map[string]chan struct{}
+}
+
+// streamEndWait bounds how long a turn's result waits for the end of its
+// text (a worker that died, or one without end markers).
+const streamEndWait = time.Second
+
+func (w *watcher) endOf(step string, turn int) chan struct{} {
+	key := fmt.Sprintf("%s/%d", step, turn)
+	ch, ok := w.ended[key]
+	if !ok {
+		ch = make(chan struct{})
+		w.ended[key] = ch
+	}
+	return ch
+}
+
+func (w *watcher) streamEnded(step string, turn int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ch := w.endOf(step, turn)
+	select {
+	case <-ch:
+	default:
+		close(ch)
+	}
+}
+
+// liveEvent is event for what comes live: a turn's result waits (a
+// moment at most) for the end of the turn's streamed text, so that the
+// text comes before it.
+func (w *watcher) liveEvent(h schemas.HistoryEvent) {
+	if h.Type == schemas.EventAgentTurn {
+		w.mu.Lock()
+		ch := w.endOf(h.Data.Step, h.Data.Turn)
+		w.mu.Unlock()
+		select {
+		case <-ch:
+		case <-time.After(streamEndWait):
+		}
+	}
+	w.event(h)
 }
 
 func (w *watcher) endLine() {
