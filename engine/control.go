@@ -190,6 +190,8 @@ func controlMayApply(cp *schemas.Checkpoint, sig *schemas.Signal) bool {
 	case schemas.SignalRewind:
 		return cp.Status == schemas.JobFailed || cp.Status == schemas.JobCompleted || cp.Status == schemas.JobWaitingApproval ||
 			(cp.Paused != nil && !cp.Status.Terminal())
+	case schemas.SignalMigrate:
+		return cp.Migratable()
 	}
 	return false
 }
@@ -655,6 +657,69 @@ func parked(cp *schemas.Checkpoint) bool {
 	}
 	d := cp.Current
 	return d.Held || d.Wait != "" || (d.Due != nil && d.Pool == "")
+}
+
+// migrateJob moves cp to definition c with state sig.State: step records
+// of steps c does not have are dropped, the compact set of completed steps
+// is mapped by step id (by old, the definition left, when it can be read;
+// dropped when it cannot), and a job blocked on its definition goes back
+// to what it was doing, its dispatch sent again under the new definition.
+// Nil when cp cannot move (its step is not in c, its state breaks c's
+// schema).
+func migrateJob(old, c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now time.Time) []event {
+	if !cp.Migratable() || c.def.Name != cp.Workflow {
+		return nil
+	}
+	if cur := cp.Current; cur != nil && c.def.Step(cur.Step) == nil {
+		return nil
+	}
+	if c.state != nil {
+		var doc any
+		if json.Unmarshal(sig.State, &doc) != nil || c.state.Validate(doc) != nil {
+			return nil
+		}
+	}
+	note := ""
+	var done schemas.StepSet
+	if old != nil {
+		for i, s := range old.def.Steps {
+			if cp.Completed.Has(i) {
+				if j := c.def.StepIndex(s.ID); j >= 0 {
+					done = done.With(j)
+				}
+			}
+		}
+	} else if cp.Completed.Len() > 0 {
+		note = "; the definition left could not be read: the steps it had done once are not listed"
+	}
+	cp.Completed = done
+	for id := range cp.Steps {
+		if c.def.Step(id) == nil {
+			delete(cp.Steps, id)
+		}
+	}
+	from := cp.DefinitionHash
+	cp.DefinitionHash, cp.Version, cp.State = c.def.Hash, c.def.Version, sig.State
+	cp.LastControl = &schemas.ControlRecord{ID: sig.ID, Type: sig.Type, By: sig.By, At: now}
+	evs := []event{{typ: schemas.EventJobMigrated, data: schemas.HistoryData{Job: cp.JobID, By: sig.By, Status: string(cp.Status),
+		Reason: fmt.Sprintf("from definition %s to %s (%s v%d)%s%s", short(from), short(c.def.Hash), c.def.Name, c.def.Version, reasonNote(sig.Reason), note)}}}
+	if cp.Status == schemas.JobBlocked {
+		cp.Status, cp.BlockedReason, cp.BlockedFrom = cp.BlockedFrom, "", ""
+		if cp.Current != nil && cp.Current.Gate == "" && cp.Current.Wait == "" && !cp.Current.Held {
+			evs = append(evs, redispatch(cp, now, "the job moved to definition "+short(c.def.Hash)+": dispatched again"))
+		}
+		if cp.Status == schemas.JobPending {
+			evs = append(evs, startJob(c, cp, now)...)
+		}
+	}
+	return evs
+}
+
+func reasonNote(reason string) string {
+	if reason == "" {
+		return ""
+	}
+	return ": " + reason
 }
 
 // heldOrReleased marks the new dispatches of next Held while it is paused,

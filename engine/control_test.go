@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -905,5 +906,80 @@ steps:
 	charge.reply(json.RawMessage(`{}`), nil)
 	if v := b.wait(id); v.Status != schemas.JobCompleted {
 		t.Fatalf("status %s", v.Status)
+	}
+}
+
+// TestMigrateABlockedJob: a job whose pinned definition is gone stays
+// blocked; a migration whose state breaks the new state schema is refused
+// with the JSON pointer at fault and changes nothing; one with a patch
+// that fixes the state moves the job to the new definition, recorded in
+// its history, and the job goes on from where it was.
+func TestMigrateABlockedJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{noEngine: true})
+	ch := b.manualWorker()
+	v1 := b.define(`
+name: moving
+version: 1
+steps:
+  - {id: a, kind: noop, save_as: a, next: [{to: b}]}
+  - {id: b, kind: noop}
+`)
+	c := ctx30(t)
+	id := b.start(v1, `{"order": "A-1"}`, "migrate-1")
+	defs, err := b.store.JS.KeyValue(c, b.store.Names.DefinitionBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := defs.Purge(c, v1.Hash); err != nil {
+		t.Fatal(err)
+	}
+	b.runEngine(Config{Store: b.srv.Store(t, kv.Config{InboxAckWait: 2 * time.Second, WorkAckWait: 2 * time.Second})})
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		v, err := b.client.Job(c, id)
+		return err == nil && v.Status == schemas.JobBlocked
+	}, "the job never blocked")
+	v2 := b.define(`
+name: moving
+version: 2
+state_schema: {type: object, required: [order, currency], properties: {currency: {enum: [eur, usd]}}}
+steps:
+  - {id: a, kind: noop, save_as: a, next: [{to: b}]}
+  - {id: b, kind: noop, save_as: b}
+`)
+	if err := b.store.Definitions.Put(c, v2); err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.client.Migrate(c, id, client.MigrateRequest{To: "moving@2", By: "ops", Patch: json.RawMessage(`[{"op": "add", "path": "/currency", "value": "gbp"}]`)})
+	if !errors.Is(err, client.ErrMigration) || !strings.Contains(err.Error(), "at /currency") {
+		t.Fatalf("a migration breaking the schema: %v", err)
+	}
+	if v, _ := b.client.Job(c, id); v.Status != schemas.JobBlocked || v.DefinitionHash != v1.Hash {
+		t.Fatalf("a refused migration changed the job: %s %s", v.Status, v.DefinitionHash)
+	}
+	if _, err := b.client.Migrate(c, id, client.MigrateRequest{To: "moving@3", By: "ops"}); err == nil || !strings.Contains(err.Error(), "stored last is v2") {
+		t.Fatalf("a version not stored: %v", err)
+	}
+	v, err := b.client.Migrate(c, id, client.MigrateRequest{To: v2.Hash, By: "ops", Reason: "v1 was deleted", Patch: json.RawMessage(`[{"op": "add", "path": "/currency", "value": "eur"}]`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.DefinitionHash != v2.Hash || v.Version != 2 || !strings.Contains(string(v.State), `"currency":"eur"`) {
+		t.Fatalf("migrated: %s v%d %s", v.DefinitionHash, v.Version, v.State)
+	}
+	h := b.nextOf(id, ch)
+	if h.sm.Step != "a" || h.sm.DefinitionHash != v2.Hash {
+		t.Fatalf("after the migration: %s under %s", h.sm.Step, h.sm.DefinitionHash)
+	}
+	h.reply(json.RawMessage(`{}`), nil)
+	b.nextOf(id, ch).reply(json.RawMessage(`{}`), nil)
+	if done := b.wait(id); done.Status != schemas.JobCompleted {
+		t.Fatalf("status %s %+v", done.Status, done.Error)
+	}
+	evs, _ := b.client.History(c, id)
+	if !slices.ContainsFunc(evs, func(e schemas.HistoryEvent) bool {
+		return e.Type == schemas.EventJobMigrated && e.Data.By == "ops" && strings.Contains(e.Data.Reason, "v1 was deleted")
+	}) {
+		t.Fatal("no job.migrated event")
 	}
 }

@@ -214,6 +214,32 @@ items:
 				continue
 			}
 			cancel := it.signal.Type == schemas.SignalCancel
+			if it.signal.Type == schemas.SignalMigrate {
+				// Applied under the definition it moves to; the one it
+				// leaves may be gone (a job blocked on it).
+				old, _ := e.compiledFor(cp.DefinitionHash)
+				if err := e.definition(ctx, p, it.signal.Definition); err != nil {
+					var missing *definitionMissing
+					if !errors.As(err, &missing) {
+						p.err = err
+						return false
+					}
+					p.tally.stale++
+					e.log.Warn("dropping a migration to a definition that cannot be loaded", "job", it.job, "err", err)
+					continue
+				}
+				migEvs := migrateJob(old, p.def, cp, it.signal, now)
+				if migEvs == nil {
+					p.tally.stale++
+					e.log.Warn("dropping a migration the job no longer allows", "job", it.job, "status", cp.Status)
+					continue
+				}
+				redelivered()
+				p.tally.controls++
+				evs = append(evs, migEvs...)
+				changed, cause = true, it.msgID
+				continue
+			}
 			if cancel && cp.Status == schemas.JobBlocked {
 				// A job blocked on its definition is cancelled without it.
 				p.def = nil

@@ -318,6 +318,23 @@ func checkControls(d *Definition) []Problem {
 	return ps
 }
 
+// Migratable reports whether the job can move to another definition: it
+// failed, waits for approval, is blocked on its definition, or is paused
+// with nothing in flight (its next dispatch held); never in a parallel,
+// map or agent step.
+func (cp *Checkpoint) Migratable() bool {
+	if cp.Fan != nil {
+		return false
+	}
+	switch cp.Status {
+	case JobFailed, JobWaitingApproval, JobBlocked:
+		return true
+	case JobRunning:
+		return cp.Paused != nil && (cp.Current == nil || cp.Current.Held)
+	}
+	return false
+}
+
 // EngineKind reports whether steps of kind are performed by the engine
 // (parallel, workflow, approval, sleep): no worker pool runs them.
 func EngineKind(kind string) bool {

@@ -131,6 +131,8 @@ type Signal struct {
 	Seq   uint64          `json:"seq,omitempty"`
 	State json.RawMessage `json:"state,omitempty"`
 	Runs  map[string]int  `json:"runs,omitempty"`
+	// Definition is a migration's new definition hash.
+	Definition string `json:"definition,omitempty"`
 }
 
 // Signal types.
@@ -164,4 +166,7 @@ const (
 	// SignalRewind sets the job back to sequence Seq (State, Runs) and
 	// goes on from step From.
 	SignalRewind = "rewind"
+	// SignalMigrate moves the job to definition Definition with state
+	// State (migrated and checked by the client).
+	SignalMigrate = "migrate"
 )

@@ -131,6 +131,7 @@ const (
 	EventJobPaused         = "dev.waymark.job.paused"         // By and Reason say who and why
 	EventJobUnpaused       = "dev.waymark.job.unpaused"       // engine resume: held dispatches go out
 	EventJobRetried        = "dev.waymark.job.retried"        // a failed job reopened (engine retry); Step is where it goes on
+	EventJobMigrated       = "dev.waymark.job.migrated"       // engine migrate: Reason names the definitions, the state change is the transition's delta
 	EventJobRewound        = "dev.waymark.job.rewound"        // engine rewind: ToSeq the sequence gone back to, Step where it goes on, Runs the steps' ended runs then
 	EventApprovalRequested = "dev.waymark.approval.requested" // Approval holds the gate
 	EventApprovalDecided   = "dev.waymark.approval.decided"   // Approval holds the decision: approved, rejected or expired

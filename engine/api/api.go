@@ -41,6 +41,7 @@ const MaxRequestBytes = 8 << 20
 //	GET  /v1/jobs/{id}/at/{seq}     → the job as it stood at checkpoint sequence seq (client.Snapshot), rebuilt from its history
 //	POST /v1/jobs/{id}/rewind       {"to", "by", "reason"?} → {"job", "snapshot"}; 409 when the job is in a state a rewind does not apply to
 //	POST /v1/jobs/{id}/fork         {"from", "by", "job_id"?, "set"?: {path: value}} → 201 {job_id, ...}
+//	POST /v1/jobs/{id}/migrate      {"to", "patch"?, "by", "reason"?} → the record once moved; 400 a refused migration (the JSON pointers at fault), 409 a job it does not apply to
 //	GET  /v1/effects?job=&state=    → {"effects": [...]} (state: prepared, dispatched, confirmed, ambiguous, reconciled)
 //	GET  /v1/effects/{key}          → one effect record (the key may contain '/')
 //	POST /v1/effects/resolve        {"key", "happened", "external_id"?, "result"?, "by", "note"?} → the reconciled record
@@ -77,6 +78,7 @@ func (a *API) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/jobs/{id}/at/{seq}", a.jobAt)
 	mux.HandleFunc("POST /v1/jobs/{id}/rewind", a.rewindJob)
 	mux.HandleFunc("POST /v1/jobs/{id}/fork", a.forkJob)
+	mux.HandleFunc("POST /v1/jobs/{id}/migrate", a.migrateJob)
 	mux.HandleFunc("GET /v1/effects", a.listEffects)
 	mux.HandleFunc("GET /v1/effects/{key...}", a.getEffect)
 	mux.HandleFunc("POST /v1/effects/resolve", a.resolveEffect)
@@ -134,6 +136,8 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status, body.Code, body.Problems = http.StatusBadRequest, schemas.CodeDefinitionInvalid, de.Problems
 	case errors.Is(err, schemas.ErrNotFound):
 		status, body.Code = http.StatusNotFound, schemas.CodeNotFound
+	case errors.Is(err, client.ErrMigration):
+		status, body.Code = http.StatusBadRequest, schemas.CodeInputInvalid
 	case errors.Is(err, schemas.ErrInputInvalid), errors.Is(err, schemas.ErrDefinitionInvalid):
 		status, body.Code = http.StatusBadRequest, schemas.AsError(err).Code
 	case errors.Is(err, schemas.ErrQuarantined):
@@ -521,6 +525,23 @@ func (a *API) forkJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusCreated, res)
+}
+
+// migrateJob moves a job to another definition (client.Migrate).
+func (a *API) migrateJob(w http.ResponseWriter, r *http.Request) {
+	var req client.MigrateRequest
+	id, ok := a.decodeJobRequest(w, r, &req)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	v, err := a.Client.Migrate(ctx, id, req)
+	if err != nil {
+		a.signalFailed(w, r, id, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
 }
 
 // decodeJobRequest reads the job id of the path and the body into req

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -783,5 +784,78 @@ expression, zone or input.`,
 		},
 	}
 	cmd.AddCommand(add, list, remove)
+	return cmd
+}
+
+func newMigrateCmd(g *globals) *cobra.Command {
+	var output, by, reason, to, with string
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "migrate JOB --to FILE|HASH|NAME[@VERSION] [--with PATCH.json]",
+		Short: "Move a job to another definition of its workflow, with a state migration",
+		Long: `Migrate moves JOB to another definition of its workflow: --to a workflow file
+(stored first), a definition hash, the workflow's name (the definition stored
+last) or NAME@VERSION. --with is a JSON Patch (RFC 6902) applied to the job's
+state; the patched state is checked against the new definition's state schema
+before anything runs, and a migration that breaks it is refused with the JSON
+pointer of each problem, changing nothing. The move is recorded in the job's
+history (job.migrated) and the job goes on under the new definition; a job
+blocked because its pinned definition cannot be loaded goes back to what it
+was doing. The job must have failed, wait for approval, be blocked on its
+definition, or be paused with nothing in flight (engine pause JOB first).
+Exit 0 once the engine recorded it; 1 when refused; 2 for bad input.`,
+		Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			if err := checkBy(cmd, &by); err != nil {
+				return err
+			}
+			var patch json.RawMessage
+			if with != "" {
+				data, err := os.ReadFile(with)
+				if err != nil {
+					return &ExitError{Code: 2, Err: fmt.Errorf("--with: %w", err)}
+				}
+				if !json.Valid(data) {
+					return &ExitError{Code: 2, Err: fmt.Errorf("--with %s: not JSON (a JSON Patch is an array of operations: [{\"op\": \"add\", \"path\": \"/currency\", \"value\": \"eur\"}])", with)}
+				}
+				patch = data
+			}
+			var file *schemas.Definition
+			if st, err := os.Stat(to); err == nil && !st.IsDir() {
+				if file, err = loadWorkflowForAnyWorker(to, nil, nil); err != nil {
+					return &ExitError{Code: 2, Err: err}
+				}
+			}
+			return g.withClient(cmd.Context(), func(c *client.Client, st *kv.Store) error {
+				target := to
+				if file != nil {
+					if err := st.Definitions.Put(cmd.Context(), file); err != nil {
+						return err
+					}
+					target = file.Hash
+				}
+				ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+				defer cancel()
+				v, err := c.Migrate(ctx, args[0], client.MigrateRequest{To: target, Patch: patch, By: by, Reason: reason})
+				if err != nil {
+					return controlExit("migrate", args[0], timeout, err)
+				}
+				if output == "json" {
+					return printJSON(g.stdout, v)
+				}
+				fmt.Fprintf(g.stdout, "job %s moved to %s v%d (definition %s); job %s\n", args[0], v.Workflow, v.Version, v.DefinitionHash[:12], v.Status)
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	cmd.Flags().StringVar(&to, "to", "", "the definition: a workflow file, a hash, NAME or NAME@VERSION")
+	cmd.Flags().StringVar(&with, "with", "", "a JSON Patch (RFC 6902) file applied to the job's state")
+	cmd.Flags().StringVar(&by, "by", "", "who does it (default: the current user)")
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the record")
+	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for an engine to record it")
 	return cmd
 }
