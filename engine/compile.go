@@ -134,6 +134,30 @@ func Check(def *schemas.Definition) []schemas.Problem {
 					"anything else fails the job when the condition is evaluated"})
 			}
 		}
+		if s.Kind == schemas.KindWait {
+			if w, err := schemas.WaitOf(&def.Steps[i]); err == nil && w.When != "" {
+				if _, err := expr.Compile(w.When, expr.Env(waitEnv{}), expr.AsBool(), expr.DisableBuiltin("now")); err != nil {
+					ps = append(ps, schemas.Problem{Path: fmt.Sprintf("/steps/%d/with/when", i), Message: fmt.Sprintf("condition does not compile: %v", err)})
+				}
+			}
+		}
+		if set, err := schemas.ApprovalOf(&def.Steps[i]); err == nil && set != nil && set.Scope != nil {
+			at := fmt.Sprintf("/steps/%d/with/scope", i)
+			if s.Kind != schemas.KindApproval {
+				at = fmt.Sprintf("/steps/%d/requires_approval/scope", i)
+			}
+			if _, err := expr.Compile(set.Scope.When, schemas.ScopeOptions()...); err != nil || set.Scope.When == "" {
+				ps = append(ps, schemas.Problem{Path: at + "/when", Message: fmt.Sprintf("scope condition does not compile (it sees request.method, request.url, request.body): %v", err)})
+			}
+			for j, st := range set.Scope.Steps {
+				if def.Step(st) == nil {
+					ps = append(ps, schemas.Problem{Path: fmt.Sprintf("%s/steps/%d", at, j), Message: fmt.Sprintf("scope names step %q, which does not exist", st)})
+				}
+			}
+			if s.Kind == schemas.KindApproval && len(set.Scope.Steps) == 0 {
+				ps = append(ps, schemas.Problem{Path: at + "/steps", Message: "an approval step's scope names the steps it covers (steps: [charge])"})
+			}
+		}
 	}
 	return ps
 }

@@ -97,20 +97,29 @@ func (c *compiled) renderGate(cp *schemas.Checkpoint, s *schemas.Step, idx, run 
 	if s.Kind != schemas.KindApproval {
 		with = s.With
 	}
+	var scope *schemas.ApprovalScope
+	if set.Scope != nil {
+		sc := *set.Scope
+		if len(sc.Steps) == 0 {
+			sc.Steps = []string{s.ID} // requires_approval: the step itself
+		}
+		scope = &sc
+	}
 	bound, _ := schemas.Marshal(struct {
-		Gate      string          `json:"gate"`
-		Action    string          `json:"action"`
-		Data      json.RawMessage `json:"data,omitempty"`
-		With      json.RawMessage `json:"with,omitempty"`
-		EffectKey string          `json:"effect_key,omitempty"`
-	}{s.ID, action, data, with, key})
+		Gate      string                 `json:"gate"`
+		Action    string                 `json:"action"`
+		Data      json.RawMessage        `json:"data,omitempty"`
+		With      json.RawMessage        `json:"with,omitempty"`
+		EffectKey string                 `json:"effect_key,omitempty"`
+		Scope     *schemas.ApprovalScope `json:"scope,omitempty"`
+	}{s.ID, action, data, with, key, scope})
 	sum := sha256.Sum256(bound)
 	if len(data) > maxGateData {
 		data = nil // bound by the digest, not copied into every checkpoint
 	}
 	return &schemas.Approval{
 		ID: uniqueApprovalID(cp, s.ID+"/"+strconv.Itoa(run)), Gate: s.ID, Run: run, Digest: hex.EncodeToString(sum[:]), Action: action, Data: data,
-		Approvers: set.Approvers, Status: schemas.ApprovalPending,
+		Scope: scope, Approvers: set.Approvers, Status: schemas.ApprovalPending,
 	}, nil
 }
 

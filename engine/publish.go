@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -406,6 +407,13 @@ func (e *Engine) stepMessage(cp *schemas.Checkpoint, d *schemas.Dispatch) (*nats
 		}
 	} else if cp.Fan != nil && cp.Fan.Agent != nil && d.Step == cp.Fan.Step {
 		agentTurnMessage(cp, &sm)
+	}
+	for i := len(cp.Approvals) - 1; i >= 0 && d.Item == 0; i-- {
+		// The latest approval whose scope covers the step bounds its request.
+		if a := cp.Approvals[i]; a.Status == schemas.ApprovalApproved && a.Scope != nil && slices.Contains(a.Scope.Steps, d.Step) {
+			sm.Scope, sm.ScopeOf = a.Scope.When, a.ID
+			break
+		}
 	}
 	if schemas.HasRefs(sm.State) || sm.Turn > 0 {
 		sm.ValueOwner = cp.MsgPrefix() // the worker reads the values

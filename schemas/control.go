@@ -8,6 +8,8 @@ import (
 	"strings"
 	"text/template"
 	"time"
+
+	"github.com/expr-lang/expr"
 )
 
 // Step kinds the engine performs while a job waits: no worker runs them.
@@ -118,6 +120,18 @@ type ApprovalSettings struct {
 	// it the gate expires: the step fails with CodeApprovalExpired and the
 	// job follows the step's on_error, or fails.
 	ExpiresIn Duration `json:"expires_in,omitempty"`
+	// Scope bounds what the approval allows: the rendered request of each
+	// of Steps (the guarded step itself for requires_approval) must meet
+	// When when the effect runs, or it is not sent (CodeApprovalScope).
+	Scope *ApprovalScope `json:"scope,omitempty"`
+}
+
+// ApprovalScope is an approval's scope: an expr-lang condition over
+// .request (method, url, body: decoded when JSON) that the named
+// steps' requests must meet when they run, checked by the worker.
+type ApprovalScope struct {
+	Steps []string `json:"steps,omitempty"`
+	When  string   `json:"when"`
 }
 
 // SleepSettings are the with settings of a sleep step.
@@ -372,6 +386,7 @@ type Approval struct {
 	Digest      string          `json:"digest"`
 	Action      string          `json:"action"`
 	Data        json.RawMessage `json:"data,omitempty"`
+	Scope       *ApprovalScope  `json:"scope,omitempty"`
 	Approvers   []string        `json:"approvers,omitempty"`
 	Status      ApprovalStatus  `json:"status"`
 	RequestedAt time.Time       `json:"requested_at"`
@@ -405,6 +420,42 @@ type ControlRecord struct {
 type Refresh struct {
 	Step string `json:"step"`
 	Then string `json:"then"`
+}
+
+// ScopeRequest is what an approval's scope condition sees as .request:
+// the rendered request of the step it covers (its headers, which may hold
+// secrets, are not shown).
+type ScopeRequest struct {
+	Method string `expr:"method"`
+	URL    string `expr:"url"`
+	Body   any    `expr:"body"` // decoded when JSON, else the text
+}
+
+// scopeEnv documents the names a scope condition sees.
+type scopeEnv struct {
+	Request ScopeRequest `expr:"request"`
+}
+
+// ScopeOptions are the expr-lang options of scope conditions.
+func ScopeOptions() []expr.Option {
+	return []expr.Option{expr.Env(scopeEnv{}), expr.AsBool(), expr.DisableBuiltin("now")}
+}
+
+// CheckScope reports whether req meets scope condition when: nil, or an
+// error saying the request left the scope (or the condition failed).
+func CheckScope(when string, req ScopeRequest) error {
+	prog, err := expr.Compile(when, ScopeOptions()...)
+	if err != nil {
+		return fmt.Errorf("scope condition %q does not compile: %w", when, err)
+	}
+	out, err := expr.Run(prog, scopeEnv{Request: req})
+	if err != nil {
+		return fmt.Errorf("scope condition %q failed on the request: %w", when, err)
+	}
+	if ok, _ := out.(bool); !ok {
+		return fmt.Errorf("the request is outside the scope %q", when)
+	}
+	return nil
 }
 
 // Pause records that a person paused a job: running steps finish,

@@ -94,6 +94,11 @@ type StepMessage struct {
 	Tool       string           `json:"tool,omitempty"`
 	Turn       int              `json:"turn,omitempty"`
 	Transcript []TranscriptPart `json:"transcript,omitempty"`
+	// Scope is the condition (expr-lang, over .request) an approval that
+	// covers this step allowed, and ScopeOf that approval's id: the
+	// worker checks the rendered request against it before the effect.
+	Scope   string `json:"scope,omitempty"`
+	ScopeOf string `json:"scope_of,omitempty"`
 }
 
 // StepResult is a worker's answer for one attempt, sent to the engine's

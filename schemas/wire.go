@@ -43,6 +43,9 @@ const (
 	// HeaderStreamEnd marks the last message of an agent turn's text on
 	// the job's stream subject (no data): the turn's call has returned.
 	HeaderStreamEnd = "Waymark-Stream-End"
+	// HeaderScope and HeaderScopeOf carry StepMessage.Scope and ScopeOf.
+	HeaderScope   = "Waymark-Approval-Scope"
+	HeaderScopeOf = "Waymark-Approval"
 	// HeaderTool names the agent tool a tool call runs; HeaderTurn is an
 	// agent turn's number and HeaderTranscript its transcript parts, as
 	// "<digest>:<bytes>:<messages>" joined by commas.
@@ -82,6 +85,10 @@ func EncodeStepMessage(m *StepMessage, h map[string][]string) ([]byte, error) {
 	}
 	if m.Tool != "" {
 		set(HeaderTool, m.Tool)
+	}
+	if m.Scope != "" {
+		set(HeaderScope, m.Scope)
+		set(HeaderScopeOf, m.ScopeOf)
 	}
 	if m.Turn > 0 {
 		set(HeaderTurn, strconv.Itoa(m.Turn))
@@ -153,6 +160,7 @@ func DecodeStepMessage(h map[string][]string, body []byte) (*StepMessage, error)
 		}
 	}
 	m.Tool = get(HeaderTool)
+	m.Scope, m.ScopeOf = get(HeaderScope), get(HeaderScopeOf)
 	if s := get(HeaderTurn); s != "" {
 		if m.Turn, err = positive(s); err != nil {
 			return nil, fmt.Errorf("step message: %s: %w", HeaderTurn, err)

@@ -221,12 +221,23 @@ func (r *httpRunner) run(ctx context.Context, c *Call) (any, error) {
 		return nil, notSent(&schemas.Error{Code: schemas.CodeInputInvalid, Message: err.Error()})
 	}
 	var body io.Reader
+	var rendered []byte
 	if r.body != nil {
 		b, err := r.body.render(c, r.env, data)
 		if err != nil {
 			return nil, notSent(err)
 		}
-		body = bytes.NewReader(b)
+		body, rendered = bytes.NewReader(b), b
+	}
+	if c.Scope != "" {
+		// An approval bounds this request: checked as it would be sent.
+		req := schemas.ScopeRequest{Method: r.method, URL: url}
+		if rendered != nil && json.Unmarshal(rendered, &req.Body) != nil {
+			req.Body = string(rendered)
+		}
+		if err := schemas.CheckScope(c.Scope, req); err != nil {
+			return nil, notSent(&schemas.Error{Code: schemas.CodeApprovalScope, Message: fmt.Sprintf("approval %s: %v: not sent", c.ScopeOf, err)})
+		}
 	}
 	status, raw, ctype, err := r.do(ctx, c, r.method, url, body, data)
 	if err != nil {

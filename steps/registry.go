@@ -94,6 +94,11 @@ type Call struct {
 	Tool       string
 	Turn       int
 	Transcript []providers.Message
+	// Scope is the condition an approval covering this step allowed
+	// (ScopeOf its id): a kind that sends a request checks it against the
+	// rendered request before sending (the http kind does), and sends
+	// nothing when the request is outside it (CodeApprovalScope).
+	Scope, ScopeOf string
 	// Stream, when set, receives the text of an agent turn as the model
 	// makes it (the worker publishes it on kv.Names.StreamSubject).
 	Stream func(text string)

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -465,5 +466,63 @@ steps:
 	}
 	if v, _ := c.Job(ctx, "pf-1"); v.Retries != 3 || v.Approvals[1].Status != schemas.ApprovalApproved || v.Approvals[1].DecidedBy != "alice" {
 		t.Fatalf("retries %d approvals %+v", v.Retries, v.Approvals)
+	}
+}
+
+// TestScopedApprovalIsCheckedWhenTheEffectRuns: an approval of "charges up
+// to 40 EUR" covers the charge step; a job whose amount grew after the
+// approval sends no charge (approval_scope, not performed); one within the
+// scope is charged.
+func TestScopedApprovalIsCheckedWhenTheEffectRuns(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	var calls atomic.Int64
+	provider := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id": "ch_1"}`)
+	}))
+	t.Cleanup(provider.Close)
+	def, err := schemas.Parse("scoped.yaml", []byte(`
+name: scoped
+version: 1
+steps:
+  - id: approve
+    kind: approval
+    with:
+      action: 'charge {{.state.amount_cents}} cents'
+      scope: {steps: [charge], when: 'request.body.amount_cents <= 4000 && request.body.customer == "C1"'}
+    next: [{to: grow, when: 'state.grow'}, {to: charge}]
+  - {id: grow, kind: noop, with: {output: {amount_cents: 5000}}, next: [{to: charge}]}
+  - id: charge
+    kind: http
+    effect: idempotent
+    with: {method: POST, url: '`+provider.URL+`/charge', body: {amount_cents: '{{json .state.amount_cents}}', customer: '{{.state.customer}}'}}
+`), schemas.LoadOptions{Checks: []schemas.CheckFunc{engine.Check}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	run := func(id, input string) *client.JobView {
+		t.Helper()
+		if _, err := c.Start(ctx, def, json.RawMessage(input), client.StartOptions{JobID: id}); err != nil {
+			t.Fatal(err)
+		}
+		var v *client.JobView
+		testsupport.Eventually(t, 20*time.Second, func() bool { v, _ = c.Job(ctx, id); return v != nil && v.Status == schemas.JobWaitingApproval }, "no gate: %+v", v)
+		if _, err := c.Approve(ctx, id, "approve", client.ControlRequest{By: "alice"}); err != nil {
+			t.Fatal(err)
+		}
+		testsupport.Eventually(t, 20*time.Second, func() bool { v, _ = c.Job(ctx, id); return v != nil && v.Status.Terminal() }, "never ended: %+v", v)
+		return v
+	}
+	grown := run("scope-grown", `{"amount_cents": 4000, "customer": "C1", "grow": true}`)
+	if grown.Status != schemas.JobFailed || grown.Error == nil || grown.Error.Code != schemas.CodeApprovalScope || !strings.Contains(grown.Error.Message, "outside the scope") || calls.Load() != 0 {
+		t.Fatalf("grown past its scope: %s %+v, %d calls", grown.Status, grown.Error, calls.Load())
+	}
+	ok := run("scope-ok", `{"amount_cents": 4000, "customer": "C1", "grow": false}`)
+	if ok.Status != schemas.JobCompleted || calls.Load() != 1 {
+		t.Fatalf("within its scope: %s %+v, %d calls", ok.Status, ok.Error, calls.Load())
 	}
 }
