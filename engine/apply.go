@@ -619,6 +619,7 @@ func cancelJob(cp *schemas.Checkpoint, sig *schemas.Signal, now time.Time) event
 	}
 	cp.Status = schemas.JobCancelled
 	cp.Error = &schemas.Error{Code: schemas.CodeCancelled, Job: cp.JobID, Message: msg}
+	closeGates(cp, now, "the job was cancelled")
 	cp.Current, cp.Fan, cp.Blocked = nil, nil, nil
 	cp.BlockedFrom, cp.BlockedReason = "", ""
 	t := now
@@ -638,12 +639,14 @@ func failJob(cp *schemas.Checkpoint, e *schemas.Error, now time.Time) event {
 	cp.Status = schemas.JobFailed
 	cp.Error = e
 	cp.Current, cp.Fan = nil, nil
+	closeGates(cp, now, "the job failed")
 	t := now
 	cp.CompletedAt = &t
 	return event{typ: schemas.EventJobFailed, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status), Error: e}}
 }
 
 func completeJob(cp *schemas.Checkpoint, now time.Time) event {
+	cp.Paused = nil // nothing is held any more
 	cp.Status = schemas.JobCompleted
 	cp.Current, cp.Fan = nil, nil
 	t := now

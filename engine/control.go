@@ -141,6 +141,20 @@ func printable(s string) string {
 	return b.String()
 }
 
+// closeGates expires cp's open gates, which nothing can decide any more:
+// the job ended, or left the timeline they were in (why says which).
+func closeGates(cp *schemas.Checkpoint, now time.Time, why string) {
+	for _, a := range cp.Approvals {
+		if a.Status == schemas.ApprovalPending {
+			t := now
+			a.Status, a.DecidedAt, a.Reason = schemas.ApprovalExpired, &t, "discarded: "+why
+		}
+	}
+	if cp.Status.Terminal() {
+		cp.Paused = nil // nothing is held any more
+	}
+}
+
 // uniqueApprovalID is id, or, when cp has an approval of that id already
 // (a gate reached again after a retry or a rewind, whose run number comes
 // back), id with ".<n>" added.
@@ -182,7 +196,9 @@ func controlMayApply(cp *schemas.Checkpoint, sig *schemas.Signal) bool {
 	case schemas.SignalResume:
 		return !cp.Status.Terminal() && cp.Paused != nil
 	case schemas.SignalRetry:
-		return cp.Status == schemas.JobFailed
+		// The failure its sender saw (Seq), not a later one: two retries
+		// of one failure reopen the job once.
+		return cp.Status == schemas.JobFailed && (sig.Seq == 0 || sig.Seq == cp.Seq)
 	case schemas.SignalApprove, schemas.SignalReject:
 		a := cp.ApprovalByID(sig.Key)
 		if a == nil {
@@ -317,6 +333,25 @@ func applyControl(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now 
 // the wait step that would take it is refused (recorded, not kept).
 func receiveSignal(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now time.Time) []event {
 	rs := &schemas.ReceivedSignal{ID: sig.ID, Name: sig.Name, Data: sig.Data, By: sig.By, At: now}
+	evs := receive(c, cp, rs, now)
+	last := *rs
+	last.Data = nil // its sender knows it; the kept copy has it
+	switch {
+	case rs.Taken != "":
+		last.Outcome = "taken"
+	case rs.Refused != "":
+		last.Outcome = "refused"
+	case slices.Contains(cp.Signals, rs):
+		last.Outcome = "kept"
+	default:
+		last.Outcome = "dropped"
+	}
+	cp.LastSignal = &last
+	return evs
+}
+
+func receive(c *compiled, cp *schemas.Checkpoint, rs *schemas.ReceivedSignal, now time.Time) []event {
+	sig := rs
 	ev := event{typ: schemas.EventSignalReceived, data: schemas.HistoryData{Job: cp.JobID, By: sig.By}}
 	if w := waitingFor(c, cp); w != nil && w.Signal == rs.Name {
 		ok, why := w.accepts(cp, rs)
@@ -635,12 +670,7 @@ func rewindJob(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now tim
 			rec.Status = schemas.StepCompleted
 		}
 	}
-	for _, a := range cp.Approvals {
-		if a.Status == schemas.ApprovalPending {
-			t := now
-			a.Status, a.DecidedAt, a.Reason = schemas.ApprovalExpired, &t, fmt.Sprintf("discarded: the job was rewound to seq %d", sig.Seq)
-		}
-	}
+	closeGates(cp, now, fmt.Sprintf("the job was rewound to seq %d", sig.Seq))
 	cp.State = sig.State
 	cp.Status, cp.Error, cp.CompletedAt = schemas.JobRunning, nil, nil
 	cp.Current, cp.Fan, cp.Blocked = nil, nil, nil

@@ -567,7 +567,9 @@ steps:
 
 // TestSignalWithStart: a signal with start creates the job when it does
 // not exist and delivers the signal; a second call with the same job id
-// and signal id attaches and delivers nothing new.
+// and signal id (a retried webhook) attaches and answers with the signal
+// as received, delivering nothing new; a new signal to the ended job is
+// refused.
 func TestSignalWithStart(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOptions{})
@@ -587,9 +589,12 @@ steps:
 	if v := b.wait("sws-1"); v.Status != schemas.JobCompleted || !strings.Contains(string(v.State), `"id":"evt-1"`) {
 		t.Fatalf("status %s state %s", v.Status, v.State)
 	}
-	res, _, _, err = b.client.SignalWithStart(c, def, json.RawMessage(`{}`), client.StartOptions{JobID: "sws-1"}, req)
-	if !res.Attached || !errors.Is(err, client.ErrNotApplicable) {
-		t.Fatalf("second: %+v %v", res, err)
+	res, _, rs, err = b.client.SignalWithStart(c, def, json.RawMessage(`{}`), client.StartOptions{JobID: "sws-1"}, req)
+	if !res.Attached || err != nil || rs.Outcome != "received before" || rs.Taken != "go" {
+		t.Fatalf("second (a retried webhook): %+v %+v %v", res, rs, err)
+	}
+	if _, _, err := b.client.Signal(c, "sws-1", client.SignalRequest{Name: "go", By: "webhook", ID: "evt-2"}); !errors.Is(err, client.ErrNotApplicable) {
+		t.Fatalf("a new signal to the ended job: %v", err)
 	}
 }
 

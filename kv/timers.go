@@ -169,6 +169,16 @@ type CronSchedule struct {
 	Created  time.Time         `json:"created"`
 }
 
+// CheckCronName reports whether name can name a cron schedule: 1 to 64
+// letters, digits, '_' and '-' (one subject token). Errors:
+// schemas.ErrInputInvalid.
+func CheckCronName(name string) error {
+	if schemas.CheckSignalName(name) != nil {
+		return schemas.Errorf(schemas.CodeInputInvalid, "schedule name %q: want 1 to 64 letters, digits, '_' and '-'", name)
+	}
+	return nil
+}
+
 // CronSubject is the subject of cron schedule name.
 func (n Names) CronSubject(name string) string { return n.TimerPrefix + "cron." + name }
 
@@ -178,6 +188,12 @@ func (n Names) CronSubject(name string) string { return n.TimerPrefix + "cron." 
 // one job, not one each). Errors: the server's, which names a cron
 // expression or time zone it does not take.
 func (s *Store) PutCron(ctx context.Context, sc *CronSchedule) error {
+	if err := CheckCronName(sc.Name); err != nil {
+		return err
+	}
+	if strings.HasPrefix(sc.Cron, "@at ") {
+		return schemas.Errorf(schemas.CodeInputInvalid, "cron schedule %s: %q fires once; a schedule repeats (6 cron fields, @hourly, ..., or @every 5m)", sc.Name, sc.Cron)
+	}
 	data, err := json.Marshal(sc)
 	if err != nil {
 		return err
@@ -227,6 +243,9 @@ func (s *Store) Crons(ctx context.Context) ([]*CronSchedule, error) {
 // RemoveCron removes cron schedule name; firings already sent still start
 // their jobs. Errors: schemas.ErrNotFound for no such schedule.
 func (s *Store) RemoveCron(ctx context.Context, name string) error {
+	if err := CheckCronName(name); err != nil {
+		return err
+	}
 	st, err := s.JS.Stream(ctx, s.Names.TimerStream)
 	if err != nil {
 		return fmt.Errorf("remove cron schedule %s: %w", name, err)

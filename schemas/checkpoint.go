@@ -137,11 +137,16 @@ type Checkpoint struct {
 	// LastControl is the last pause, resume, retry or rewind applied:
 	// callers tell theirs from one that came first by its id.
 	LastControl *ControlRecord `json:"last_control,omitempty"`
+	// LastSignal is the last named signal received and its outcome
+	// (dropped ones included): its sender learns from it what became of it.
+	LastSignal *ReceivedSignal `json:"last_signal,omitempty"`
 	// ValidUntil holds, by step, when the output of a step with valid_for
 	// expires; Refresh is the step run again because its output expired,
 	// and the step dispatched once it completes.
 	ValidUntil map[string]time.Time `json:"valid_until,omitempty"`
 	Refresh    *Refresh             `json:"refresh,omitempty"`
+	// DeadlineAt is when the job's deadline (Definition.Deadline) passes.
+	DeadlineAt *time.Time `json:"deadline_at,omitempty"`
 
 	// Cause is the dedup id of the inbox message that produced this Seq. A
 	// redelivery of that same message means its first handler may have died

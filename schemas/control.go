@@ -65,6 +65,9 @@ type ReceivedSignal struct {
 	// Refused says why the wait step it was for did not take it (its
 	// data broke the step's schema, or its condition failed on it).
 	Refused string `json:"refused,omitempty"`
+	// Outcome is what became of it when it came: taken, kept, refused or
+	// dropped (MaxKeptSignals were kept already); set on LastSignal.
+	Outcome string `json:"outcome,omitempty"`
 }
 
 // MaxKeptSignals bounds the signals a checkpoint keeps: those not taken

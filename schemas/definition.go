@@ -87,17 +87,21 @@ const (
 // bucket and pinned into every job started from it; a job never sees
 // another version.
 type Definition struct {
-	Name        string                     `json:"name"`
-	Version     int                        `json:"version"`
-	Description string                     `json:"description,omitempty"`
-	InputSchema json.RawMessage            `json:"input_schema,omitempty"`
-	StateSchema json.RawMessage            `json:"state_schema,omitempty"`
-	Start       string                     `json:"start,omitempty"`
-	MaxSteps    int                        `json:"max_steps,omitempty"` // dispatches per job; 0 means DefaultMaxSteps
-	Vars        map[string]string          `json:"vars,omitempty"`
-	Assets      map[string]json.RawMessage `json:"assets,omitempty"` // file contents by asset name, embedded at load
-	Defaults    StepDefaults               `json:"defaults,omitzero"`
-	Steps       []Step                     `json:"steps"`
+	Name        string          `json:"name"`
+	Version     int             `json:"version"`
+	Description string          `json:"description,omitempty"`
+	InputSchema json.RawMessage `json:"input_schema,omitempty"`
+	StateSchema json.RawMessage `json:"state_schema,omitempty"`
+	Start       string          `json:"start,omitempty"`
+	MaxSteps    int             `json:"max_steps,omitempty"` // dispatches per job; 0 means DefaultMaxSteps
+	// Deadline bounds a job's life from its start: past it (a durable
+	// timer) the job fails with code timeout, what it had in flight
+	// stopped as a cancel stops it. 0: none.
+	Deadline Duration                   `json:"deadline,omitempty"`
+	Vars     map[string]string          `json:"vars,omitempty"`
+	Assets   map[string]json.RawMessage `json:"assets,omitempty"` // file contents by asset name, embedded at load
+	Defaults StepDefaults               `json:"defaults,omitzero"`
+	Steps    []Step                     `json:"steps"`
 
 	// Hash is the hex SHA-256 of the canonical JSON of every field above. It
 	// is not part of the encoded form.

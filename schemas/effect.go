@@ -169,4 +169,6 @@ const (
 	// SignalMigrate moves the job to definition Definition with state
 	// State (migrated and checked by the client).
 	SignalMigrate = "migrate"
+	// SignalJobDeadline is the timer of the job's deadline.
+	SignalJobDeadline = "job_deadline"
 )

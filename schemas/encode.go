@@ -133,6 +133,10 @@ func (cp *Checkpoint) AppendJSON(dst []byte) []byte {
 		b, _ := Marshal(cp.LastControl)
 		w.rawField("last_control", b)
 	}
+	if cp.LastSignal != nil {
+		b, _ := Marshal(cp.LastSignal)
+		w.rawField("last_signal", b)
+	}
 	if len(cp.ValidUntil) > 0 {
 		b, _ := Marshal(cp.ValidUntil)
 		w.rawField("valid_until", b)
@@ -140,6 +144,9 @@ func (cp *Checkpoint) AppendJSON(dst []byte) []byte {
 	if cp.Refresh != nil {
 		b, _ := Marshal(cp.Refresh)
 		w.rawField("refresh", b)
+	}
+	if cp.DeadlineAt != nil {
+		w.timeField("deadline_at", *cp.DeadlineAt)
 	}
 	if cp.Cause != "" {
 		w.strField("cause", cp.Cause)

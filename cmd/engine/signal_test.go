@@ -14,8 +14,9 @@ import (
 
 // TestSignalCommand: engine signal --start starts the job and its wait
 // step takes the signal (exit 0); data breaking the schema exits 2 and a
-// name no wait step has 1, both before anything is started; a signal to
-// the ended job exits 1.
+// name no wait step has 1, both before anything is started; the same
+// signal again is answered as received before (exit 0), a new one to the
+// ended job exits 1.
 func TestSignalCommand(t *testing.T) {
 	t.Parallel()
 	srv := testsupport.StartServer(t, testsupport.ServerOptions{TCP: true})
@@ -61,7 +62,10 @@ func TestSignalCommand(t *testing.T) {
 		p, _ = run("status", "order-7")
 		return strings.Contains(p.out.String(), "completed")
 	}, "the job never completed: %s", p.out.String())
-	if p, code := run("signal", "order-7", "paid", "--data", good, "--id", "evt-1"); code != 1 || !strings.Contains(p.errOut.String(), "completed") {
-		t.Fatalf("signal to the ended job: exit %d %s", code, p.errOut.String())
+	if p, code := run("signal", "order-7", "paid", "--data", good, "--id", "evt-1"); code != 0 || !strings.Contains(p.out.String(), "was received before (taken by wait step paid") {
+		t.Fatalf("the same signal again (a retried webhook): exit %d %s%s", code, p.out.String(), p.errOut.String())
+	}
+	if p, code := run("signal", "order-7", "paid", "--data", good, "--id", "evt-2"); code != 1 || !strings.Contains(p.errOut.String(), "completed") {
+		t.Fatalf("a new signal to the ended job: exit %d %s", code, p.errOut.String())
 	}
 }

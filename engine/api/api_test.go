@@ -296,7 +296,7 @@ func TestHTTPControlAndApprovals(t *testing.T) {
 		t.Errorf("pause of a completed job: %d %v", code, m)
 	}
 	// Time travel: the job at its gate (seq 2), then a fork from there.
-	if code, m := do("GET", "/v1/jobs/api-gate/at/2", ""); code != http.StatusOK || m["next"] != "ok" || m["status"] != "running" {
+	if code, m := do("GET", "/v1/jobs/api-gate/at/2", ""); code != http.StatusOK || m["next"] != "ok" || m["status"] != "waiting_approval" {
 		t.Errorf("at seq 2: %d %v", code, m)
 	}
 	for _, tc := range []struct {
@@ -464,8 +464,30 @@ steps:
 	if n != 1 {
 		t.Fatalf("the provider was called %d times, want 1", n)
 	}
-	if v, _ := c.Job(ctx, "pf-1"); v.Retries != 3 || v.Approvals[1].Status != schemas.ApprovalApproved || v.Approvals[1].DecidedBy != "alice" {
+	v, _ = c.Job(ctx, "pf-1")
+	if v.Retries != 3 || v.Approvals[1].Status != schemas.ApprovalApproved || v.Approvals[1].DecidedBy != "alice" {
 		t.Fatalf("retries %d approvals %+v", v.Retries, v.Approvals)
+	}
+	// Rewound to where pay was in flight: the rewind lists pay's confirmed
+	// effect (settled after that point), and running pay again calls no one.
+	var at uint64
+	for seq := uint64(1); seq <= v.Seq && at == 0; seq++ {
+		if s, err := c.StateAt(ctx, "pf-1", seq); err == nil && s.Next == "pay" {
+			at = seq
+		}
+	}
+	res, err := c.Rewind(ctx, "pf-1", at, client.ControlRequest{By: "ops"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Snapshot.EffectsAfter) != 1 || res.Snapshot.EffectsAfter[0].Key != "pf-1/pay" || res.Snapshot.EffectsAfter[0].State != string(schemas.EffectConfirmed) {
+		t.Fatalf("effects after seq %d: %+v", at, res.Snapshot.EffectsAfter)
+	}
+	waitFor(schemas.JobFailed)
+	n = 0
+	calls.Range(func(k, v any) bool { n += *v.(*int); return true })
+	if n != 1 {
+		t.Fatalf("after the rewind the provider was called %d times, want 1", n)
 	}
 }
 

@@ -227,7 +227,7 @@ func (c *Client) Retry(ctx context.Context, id string, r ControlRequest) (*JobVi
 	if err != nil {
 		return nil, fmt.Errorf("retry job %s: %w", id, err)
 	}
-	sig := schemas.Signal{Job: id, Type: schemas.SignalRetry, By: r.By, Reason: r.Reason, From: from, IndexRev: rev}
+	sig := schemas.Signal{Job: id, Type: schemas.SignalRetry, By: r.By, Reason: r.Reason, From: from, IndexRev: rev, Seq: cp.Seq}
 	return c.control(ctx, "retry", cp, sig, func(n *schemas.Checkpoint) bool {
 		return n.Retries > cp.Retries || n.Seq > cp.Seq && n.Status != schemas.JobFailed
 	})
@@ -251,18 +251,23 @@ func isDigest(s string) bool {
 // removes its ended entry once it reopened the job) and returns its
 // revision, which the reopened job's message ids take.
 func (c *Client) reactivate(ctx context.Context, cp *schemas.Checkpoint) (uint64, error) {
-	rev, err := c.store.Jobs.CreateActive(ctx, cp)
-	if errors.Is(err, schemas.ErrConflict) {
-		ie, gerr := c.store.Jobs.Get(ctx, kv.ActiveKey(cp.Workflow, cp.JobID))
-		if gerr != nil {
-			return 0, fmt.Errorf("index entry: %w", gerr)
+	for try := 0; ; try++ {
+		rev, err := c.store.Jobs.CreateActive(ctx, cp)
+		if errors.Is(err, schemas.ErrConflict) {
+			ie, gerr := c.store.Jobs.Get(ctx, kv.ActiveKey(cp.Workflow, cp.JobID))
+			if errors.Is(gerr, schemas.ErrNotFound) && try < 3 {
+				continue // removed meanwhile, by the end of the run another reopen began
+			}
+			if gerr != nil {
+				return 0, fmt.Errorf("index entry: %w", gerr)
+			}
+			return ie.Revision, nil
 		}
-		return ie.Revision, nil
+		if err != nil {
+			return 0, fmt.Errorf("index entry: %w", err)
+		}
+		return rev, nil
 	}
-	if err != nil {
-		return 0, fmt.Errorf("index entry: %w", err)
-	}
-	return rev, nil
 }
 
 // Approve approves job id's open gate (its step id) for r.By: the gate's
@@ -324,6 +329,9 @@ func (c *Client) decide(ctx context.Context, op, typ, id, gate string, r Control
 		}
 		return nil, fmt.Errorf("%s job %s: it has no gate %q; open: %s: %w", op, id, gate, strings.Join(open, ", "), ErrNoSuchGate)
 	}
+	if a.Status == schemas.ApprovalPending && cp.Status.Terminal() {
+		return nil, fmt.Errorf("%s job %s: it %s; gate %s can no longer be decided: %w", op, id, cp.Status, a.ID, ErrNotApplicable)
+	}
 	if a.Status != schemas.ApprovalPending {
 		who := ""
 		if a.DecidedBy != "" {
@@ -360,8 +368,10 @@ func (c *Client) decide(ctx context.Context, op, typ, id, gate string, r Control
 		switch {
 		case g.Status == schemas.ApprovalExpired:
 			return v, fmt.Errorf("%s job %s: gate %s %s: %w", op, id, gateID, g.Reason, ErrApprovalExpired)
+		case g.Status == schemas.ApprovalPending:
+			return v, fmt.Errorf("%s job %s: it %s before the decision was applied: %w", op, id, v.Status, ErrNotApplicable)
 		case g.DecidedBy != r.By || (typ == schemas.SignalApprove) != (g.Status == schemas.ApprovalApproved):
-			return v, fmt.Errorf("%s job %s: gate %s was %s by %s first: %w", op, id, gateID, g.Status, g.DecidedBy, ErrAlreadyDecided)
+			return v, fmt.Errorf("%s job %s: gate %s was %s%s first: %w", op, id, gateID, g.Status, map[bool]string{true: " by " + g.DecidedBy, false: ""}[g.DecidedBy != ""], ErrAlreadyDecided)
 		}
 	}
 	return v, nil
@@ -401,6 +411,14 @@ func (c *Client) Signal(ctx context.Context, id string, r SignalRequest) (*JobVi
 	if err != nil {
 		return nil, nil, err
 	}
+	if prev := receivedBefore(cp, r.ID); prev != nil {
+		// The same id again (a retried webhook): one signal; nothing changes,
+		// even after a rewind or retry sent the job back before it.
+		def, _ := c.store.Definitions.Get(ctx, cp.DefinitionHash)
+		seen := *prev
+		seen.Outcome = "received before"
+		return c.view(ctx, cp, def), &seen, nil
+	}
 	if cp.Status.Terminal() {
 		return nil, nil, fmt.Errorf("signal job %s: it %s: %w", id, cp.Status, ErrNotApplicable)
 	}
@@ -415,24 +433,48 @@ func (c *Client) Signal(ctx context.Context, id string, r SignalRequest) (*JobVi
 	sigID := r.ID
 	var got *schemas.ReceivedSignal
 	v, err := c.send(ctx, "signal", sig, cp.MsgPrefix()+"/signal/"+sigID, func(n *schemas.Checkpoint) bool {
-		for _, rs := range n.Signals {
-			if rs.ID == sigID {
-				got = rs
-				return true
+		if l := n.LastSignal; l != nil && l.ID == sigID {
+			got = l
+			for _, rs := range n.Signals {
+				if rs.ID == sigID {
+					kept := *rs
+					kept.Outcome = l.Outcome
+					got = &kept
+				}
 			}
+			return true
+		}
+		if receivedBefore(n, sigID) != nil {
+			got = receivedBefore(n, sigID) // a later signal was recorded last
+			return true
 		}
 		return n.Status.Terminal()
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	if got == nil {
+	switch {
+	case got == nil:
 		return v, nil, fmt.Errorf("signal job %s: it %s before the signal was recorded: %w", id, v.Status, ErrNotApplicable)
-	}
-	if got.Refused != "" {
+	case got.Refused != "":
 		return v, got, schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: refused by %s", id, got.Refused)
+	case got.Outcome == "dropped":
+		return v, got, fmt.Errorf("signal job %s: dropped: %d signals wait for a wait step to take them already: %w", id, schemas.MaxKeptSignals, ErrNotApplicable)
 	}
 	return v, got, nil
+}
+
+// receivedBefore returns cp's record of the signal with id, or nil.
+func receivedBefore(cp *schemas.Checkpoint, id string) *schemas.ReceivedSignal {
+	for _, rs := range cp.Signals {
+		if rs.ID == id {
+			return rs
+		}
+	}
+	if l := cp.LastSignal; l != nil && l.ID == id {
+		return l
+	}
+	return nil
 }
 
 // prepareSignal checks r for job id (by, name, id, data) and completes
@@ -450,14 +492,14 @@ func prepareSignal(id string, r SignalRequest) (SignalRequest, any, error) {
 		_, _ = rand.Read(b[:])
 		r.ID = hex.EncodeToString(b[:])
 	} else if err := schemas.CheckSignalName(r.ID); err != nil {
-		return r, nil, schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: id: %v", id, err)
+		return r, nil, schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: id %q: want 1 to 64 letters, digits, '_' and '-'", id, r.ID)
 	}
 	data := bytes.TrimSpace(r.Data)
 	if len(data) == 0 {
 		data = []byte("null")
 	}
 	if len(data) > MaxSignalBytes {
-		return r, nil, schemas.Errorf(schemas.CodeTooLarge, "signal job %s: data is %d bytes; the limit is %d", id, len(data), MaxSignalBytes)
+		return r, nil, schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: data is %d bytes; the limit is %d", id, len(data), MaxSignalBytes)
 	}
 	if err := schemas.CheckJSONText(data); err != nil {
 		return r, nil, schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: data: %v", id, err)

@@ -80,17 +80,16 @@ func (c *Client) StateAt(ctx context.Context, id string, seq uint64) (*Snapshot,
 		waiting bool
 	}
 	inFlight := map[string]flight{}
-	passed := false
+	var ledger []schemas.HistoryEvent
 	for _, h := range evs {
 		d := h.Data
 		if d.Seq == 0 {
-			if passed && (h.Type == schemas.EventEffectConfirmed || (h.Type == schemas.EventEffectReconciled && d.EffectState == string(schemas.EffectReconciled))) {
-				s.EffectsAfter = append(s.EffectsAfter, EffectAfter{Key: d.EffectKey, Step: d.Step, State: d.EffectState, ExternalID: d.ExternalID})
+			if h.Type == schemas.EventEffectConfirmed || (h.Type == schemas.EventEffectReconciled && d.EffectState == string(schemas.EffectReconciled)) {
+				ledger = append(ledger, h)
 			}
 			continue
 		}
 		if d.Seq > seq {
-			passed = true
 			continue
 		}
 		s.At = h.Time
@@ -116,6 +115,11 @@ func (c *Client) StateAt(ctx context.Context, id string, seq uint64) (*Snapshot,
 			if d.Tool == "" {
 				s.Steps[d.Step] = schemas.StepWaiting
 				inFlight[key] = flight{step: d.Step, waiting: true}
+				s.Status = schemas.JobWaitingApproval
+			}
+		case schemas.EventApprovalDecided:
+			if s.Status == schemas.JobWaitingApproval {
+				s.Status = schemas.JobRunning
 			}
 		case schemas.EventStepCompleted:
 			delete(inFlight, key)
@@ -144,12 +148,21 @@ func (c *Client) StateAt(ctx context.Context, id string, seq uint64) (*Snapshot,
 		case schemas.EventJobRetried:
 			for k, n := range s.Runs {
 				s.Runs[k] = max(0, n-1)
+				if s.Runs[k] == 0 {
+					s.Steps[k] = schemas.StepPending
+				}
 			}
 			s.Status = schemas.JobRunning
 		case schemas.EventJobRewound:
 			s.Runs = map[string]int{}
 			for k, n := range d.Runs {
 				s.Runs[k] = n
+			}
+			for k := range s.Steps {
+				s.Steps[k] = schemas.StepPending
+				if s.Runs[k] > 0 {
+					s.Steps[k] = schemas.StepCompleted
+				}
 			}
 			s.Status = schemas.JobRunning
 			clear(inFlight)
@@ -160,6 +173,21 @@ func (c *Client) StateAt(ctx context.Context, id string, seq uint64) (*Snapshot,
 			s.Steps[d.Next] = schemas.StepDispatched
 			inFlight[d.Next+"#0#0"] = flight{step: d.Next}
 		}
+	}
+	// Effects settled after the transition at seq was written (the step in
+	// flight then among them), each once, as it stands last.
+	byKey := map[string]int{}
+	for _, h := range ledger {
+		if !h.Time.After(s.At) {
+			continue
+		}
+		e := EffectAfter{Key: h.Data.EffectKey, Step: h.Data.Step, State: h.Data.EffectState, ExternalID: h.Data.ExternalID}
+		if i, ok := byKey[e.Key]; ok {
+			s.EffectsAfter[i] = e
+			continue
+		}
+		byKey[e.Key] = len(s.EffectsAfter)
+		s.EffectsAfter = append(s.EffectsAfter, e)
 	}
 	var at []string
 	for _, f := range inFlight {

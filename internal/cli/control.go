@@ -479,7 +479,12 @@ passes first.`,
 					return printJSON(g.stdout, map[string]any{"signal": rs, "job": v})
 				}
 				what := "kept until the job reaches a wait step for it"
-				if rs.Taken != "" {
+				switch {
+				case rs.Outcome == "received before" && rs.Taken != "":
+					what = "was received before (taken by wait step " + rs.Taken + " at " + rs.At.UTC().Format(time.RFC3339) + "): nothing changed; send a new --id to deliver it again"
+				case rs.Outcome == "received before":
+					what = "was received before: nothing changed"
+				case rs.Taken != "":
 					what = "taken by wait step " + rs.Taken
 				}
 				fmt.Fprintf(g.stdout, "job %s signal %s (id %s) %s; job %s\n", args[0], rs.Name, rs.ID, what, v.Status)
@@ -688,15 +693,16 @@ roll up into one: the next engine starts one job for them, not one each.`,
 		Use:   "add NAME WORKFLOW --cron EXPR [--input FILE] [--tz ZONE]",
 		Short: "Store (or replace) a cron schedule",
 		Long: `Add stores WORKFLOW and the schedule NAME (1 to 64 letters, digits, '_', '-'):
---cron takes 6 fields, seconds first ("0 30 9 * * 1-5": 09:30 on weekdays), or
-@hourly, @daily, @weekly, @monthly, @yearly; --tz an IANA time zone (default
+--cron takes 6 fields, seconds first ("0 30 9 * * 1-5": 09:30 on weekdays),
+@hourly, @daily, @weekly, @monthly, @yearly, or @every DURATION (at least
+1s); --tz an IANA time zone for the cron fields (default
 UTC). A schedule of the same name is replaced. Exit 0; 2 for a bad name,
 expression, zone or input.`,
 		Args: exactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cron, _ := cmd.Flags().GetString("cron")
-			if err := schemas.CheckSignalName(args[0]); err != nil {
-				return &ExitError{Code: 2, Err: fmt.Errorf("schedule name: %v", strings.Replace(err.Error(), "signal name", "name", 1))}
+			if err := kv.CheckCronName(args[0]); err != nil {
+				return &ExitError{Code: 2, Err: err}
 			}
 			if strings.TrimSpace(cron) == "" {
 				return &ExitError{Code: 2, Err: fmt.Errorf("--cron is required (6 fields, seconds first, or @hourly, @daily, ...)")}
@@ -776,7 +782,11 @@ expression, zone or input.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return g.withClient(cmd.Context(), func(_ *client.Client, st *kv.Store) error {
 				if err := st.RemoveCron(cmd.Context(), args[0]); err != nil {
-					return &ExitError{Code: 1, Err: err}
+					code := 1
+					if errors.Is(err, schemas.ErrInputInvalid) {
+						code = 2
+					}
+					return &ExitError{Code: code, Err: err}
 				}
 				fmt.Fprintf(g.stdout, "schedule %s removed\n", args[0])
 				return nil
