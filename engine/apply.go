@@ -61,6 +61,10 @@ func startJob(c *compiled, cp *schemas.Checkpoint, now time.Time) []event {
 	}
 	cp.State = state
 	started := event{typ: schemas.EventJobStarted, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status)}}
+	if d := c.def.Deadline; d > 0 {
+		at := now.Add(time.Duration(d)).UTC()
+		cp.DeadlineAt = &at
+	}
 	from := c.def.StartStep()
 	if f := cp.Fork; f != nil && c.def.Step(f.From) != nil {
 		// A fork starts where its parent was, with the parent's runs.
@@ -585,26 +589,7 @@ func applySignal(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now t
 // in flight is in the ledger as whatever it became), and child jobs in
 // flight are cancelled after the write (afterWrite).
 func cancelJob(cp *schemas.Checkpoint, sig *schemas.Signal, now time.Time) event {
-	var inFlight []string
-	for _, d := range cp.Dispatches() {
-		what := d.Step
-		if a := agentOf(cp); d.Item > 0 && a != nil && a.CallByItem(d.Item) != nil {
-			call := a.CallByItem(d.Item)
-			what += "." + call.Name + " call " + call.ID
-		} else if d.Item > 0 {
-			what += fmt.Sprintf("#%d", d.Item)
-		}
-		switch {
-		case d.Child != "":
-			what += " (child job " + d.Child + ")"
-		case d.EffectKey != "":
-			what += " (effect " + d.EffectKey + ")"
-		}
-		inFlight = append(inFlight, what)
-	}
-	if b := cp.Blocked; b != nil && !slices.ContainsFunc(cp.Dispatches(), func(d *schemas.Dispatch) bool { return d.EffectKey == b.EffectKey }) {
-		inFlight = append(inFlight, b.Step+" (effect "+b.EffectKey+", its outcome unknown)")
-	}
+	inFlight := inFlightOf(cp)
 	by := sig.By
 	if by == "" {
 		by = "someone"
@@ -625,6 +610,33 @@ func cancelJob(cp *schemas.Checkpoint, sig *schemas.Signal, now time.Time) event
 	t := now
 	cp.CompletedAt = &t
 	return event{typ: schemas.EventJobCancelled, data: schemas.HistoryData{Job: cp.JobID, Status: string(cp.Status), By: by, Reason: reason, Error: cp.Error}}
+}
+
+// inFlightOf names what cp has in flight, for the record of a job stopped
+// (cancelled, past its deadline): steps, items and tool calls with their
+// effect keys or child jobs, and the effect a blocked job waits on.
+func inFlightOf(cp *schemas.Checkpoint) []string {
+	var inFlight []string
+	for _, d := range cp.Dispatches() {
+		what := d.Step
+		if a := agentOf(cp); d.Item > 0 && a != nil && a.CallByItem(d.Item) != nil {
+			call := a.CallByItem(d.Item)
+			what += "." + call.Name + " call " + call.ID
+		} else if d.Item > 0 {
+			what += fmt.Sprintf("#%d", d.Item)
+		}
+		switch {
+		case d.Child != "":
+			what += " (child job " + d.Child + ")"
+		case d.EffectKey != "":
+			what += " (effect " + d.EffectKey + ")"
+		}
+		inFlight = append(inFlight, what)
+	}
+	if b := cp.Blocked; b != nil && !slices.ContainsFunc(cp.Dispatches(), func(d *schemas.Dispatch) bool { return d.EffectKey == b.EffectKey }) {
+		inFlight = append(inFlight, b.Step+" (effect "+b.EffectKey+", its outcome unknown)")
+	}
+	return inFlight
 }
 
 // agentOf returns cp's running agent loop, or nil.

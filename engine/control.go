@@ -217,6 +217,8 @@ func controlMayApply(cp *schemas.Checkpoint, sig *schemas.Signal) bool {
 			(cp.Paused != nil && !cp.Status.Terminal())
 	case schemas.SignalMigrate:
 		return cp.Migratable()
+	case schemas.SignalJobDeadline:
+		return !cp.Status.Terminal() && cp.DeadlineAt != nil
 	}
 	return false
 }
@@ -254,6 +256,11 @@ func applyControl(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now 
 		return outcomeApplied, retryJob(c, cp, sig, now)
 	case schemas.SignalRewind:
 		return outcomeApplied, rewindJob(c, cp, sig, now)
+	case schemas.SignalJobDeadline:
+		if now.Before(*cp.DeadlineAt) {
+			return outcomeStale, nil // early by the engine's clock: the reconciler sends it again
+		}
+		return outcomeApplied, []event{deadlineJob(c, cp, now)}
 	case schemas.SignalUser:
 		return outcomeApplied, receiveSignal(c, cp, sig, now)
 	case schemas.SignalWaitTimeout:
@@ -644,6 +651,25 @@ func retryJob(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now time
 // unheld returns the dispatches of ds that are not held.
 func unheld(ds []*schemas.Dispatch) []*schemas.Dispatch {
 	return slices.DeleteFunc(ds, func(d *schemas.Dispatch) bool { return d.Held })
+}
+
+// deadlineJob fails cp, whose deadline passed: what it had in flight is
+// stopped as a cancel stops it (its results dropped, its queued messages
+// removed and its child jobs cancelled after the write: afterCancel), and
+// named in the error.
+func deadlineJob(c *compiled, cp *schemas.Checkpoint, now time.Time) event {
+	if c != nil && cp.Fan != nil && cp.Fan.Agent != nil {
+		keepTranscript(c, cp)
+	}
+	msg := fmt.Sprintf("the job's deadline passed at %s", cp.DeadlineAt.UTC().Format(time.RFC3339))
+	if c != nil {
+		msg = fmt.Sprintf("the job's deadline (%v from its start) passed at %s", time.Duration(c.def.Deadline), cp.DeadlineAt.UTC().Format(time.RFC3339))
+	}
+	if inFlight := inFlightOf(cp); len(inFlight) > 0 {
+		msg += "; in flight: " + strings.Join(inFlight, ", ")
+	}
+	cp.Blocked, cp.BlockedFrom, cp.BlockedReason = nil, "", ""
+	return failJob(cp, &schemas.Error{Code: schemas.CodeTimeout, Job: cp.JobID, Message: msg}, now)
 }
 
 // rewindJob sets cp back to sequence sig.Seq: its state then, each step's

@@ -988,3 +988,32 @@ steps:
 		t.Fatal("no job.migrated event")
 	}
 }
+
+// TestJobDeadline: a job past its deadline fails with code timeout on its
+// durable timer, naming what was in flight; the late result of its step is
+// dropped and nothing more is dispatched.
+func TestJobDeadline(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	id := b.start(b.define(`
+name: deadlined
+version: 1
+deadline: 1s
+steps:
+  - {id: slow, kind: noop, next: [{to: after}]}
+  - {id: after, kind: noop}
+`), `{}`, "deadline-1")
+	h := b.nextOf(id, ch)
+	v := b.wait(id)
+	if v.Status != schemas.JobFailed || v.Error == nil || v.Error.Code != schemas.CodeTimeout || !strings.Contains(v.Error.Message, "the job's deadline (1s from its start) passed") ||
+		!strings.Contains(v.Error.Message, "in flight: slow") {
+		t.Fatalf("status %s error %+v", v.Status, v.Error)
+	}
+	h.reply(json.RawMessage(`{}`), nil) // late: dropped
+	select {
+	case h := <-ch:
+		t.Fatalf("step %s dispatched after the deadline", h.sm.Step)
+	case <-time.After(300 * time.Millisecond):
+	}
+}

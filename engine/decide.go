@@ -240,8 +240,9 @@ items:
 				changed, cause = true, it.msgID
 				continue
 			}
-			if cancel && cp.Status == schemas.JobBlocked {
-				// A job blocked on its definition is cancelled without it.
+			if (cancel || it.signal.Type == schemas.SignalJobDeadline) && cp.Status == schemas.JobBlocked {
+				// A job blocked on its definition is cancelled (or stopped at
+				// its deadline) without it.
 				p.def = nil
 			} else if !needDef(cp.DefinitionHash) {
 				if p.err != nil {
@@ -251,6 +252,9 @@ items:
 			}
 			_, sigEvs := applySignal(p.def, cp, it.signal, now)
 			redelivered()
+			if it.signal.Type == schemas.SignalJobDeadline && cp.Status == schemas.JobFailed {
+				p.stopped = true
+			}
 			switch it.signal.Type {
 			case schemas.SignalCancel:
 				p.tally.cancelled++

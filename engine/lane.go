@@ -112,6 +112,10 @@ type plan struct {
 	// conflicted: this plan lost a compare-and-swap in this batch, so
 	// another handler was alive and applying the same messages moments ago.
 	conflicted bool
+	// stopped: the transition stopped the job with work in flight (its
+	// deadline passed): after the write, as after a cancel, its queued
+	// step messages are removed and its child jobs cancelled.
+	stopped bool
 }
 
 // written is the checkpoint the plan leaves current: next once written,

@@ -114,6 +114,13 @@ func (e *Engine) startPublish(ctx context.Context, ps []*plan) *settlement {
 				continue
 			}
 		}
+		if at := cp.DeadlineAt; at != nil && !cp.Status.Terminal() && (p.republish || p.base == nil || p.base.cp.DeadlineAt == nil) {
+			sig, _ := json.Marshal(schemas.Signal{Job: cp.JobID, Type: schemas.SignalJobDeadline, By: "the job's deadline", At: *at})
+			if err := e.store.ScheduleTimer(ctx, cp.JobID, "deadline", *at, kv.InboxSignal, nil, sig, cp.MsgPrefix()+"/deadline"); err != nil {
+				p.err = err
+				continue
+			}
+		}
 		for _, a := range openedGates(p, cp) {
 			if err := e.scheduleExpiry(ctx, cp, a); err != nil {
 				p.err = err
@@ -244,7 +251,7 @@ func (e *Engine) afterWrite(ctx context.Context, ps []*plan) {
 						e.log.Warn("could not tell a child job's parent that it ended", "job", cp.JobID, "parent", cp.Caller.Job, "err", err)
 					}
 				}
-				if cp.Status == schemas.JobCancelled && p.base != nil {
+				if (cp.Status == schemas.JobCancelled || p.stopped) && p.base != nil {
 					e.afterCancel(ctx, p.base.cp, cp)
 				}
 			}

@@ -148,6 +148,14 @@ func (e *Engine) reconcileJob(ctx context.Context, ie kv.IndexEntry, now time.Ti
 		e.log.Info("removed an index entry that names another workflow than the job's", "job", ie.Job, "entry", ie.Key, "workflow", cp.Workflow)
 		return 0, false, nil
 	}
+	if at := cp.DeadlineAt; at != nil && !cp.Status.Terminal() && now.After(at.Add(timerGrace+2*e.store.Config.InboxAckWait)) {
+		// Its deadline's timer did not come (or came early by this clock).
+		e.log.Warn("a job's deadline passed and its timer did not stop it: stopping it", "job", cp.JobID, "deadline", at)
+		if err := e.store.SendSignal(ctx, schemas.Signal{Job: cp.JobID, Type: schemas.SignalJobDeadline, By: "the job's deadline", At: *at},
+			cp.MsgPrefix()+"/deadline/"+now.UTC().Format(time.RFC3339)); err != nil {
+			return 0, false, fmt.Errorf("reconcile job %s: %w", cp.JobID, err)
+		}
+	}
 	switch cp.Status {
 	case schemas.JobCompleted, schemas.JobFailed, schemas.JobCancelled:
 		return 0, false, e.finishEnded(ctx, ent, ie.Revision)

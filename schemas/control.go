@@ -232,6 +232,9 @@ func checkControls(d *Definition) []Problem {
 	add := func(path, format string, args ...any) {
 		ps = append(ps, Problem{Path: path, Message: fmt.Sprintf(format, args...)})
 	}
+	if d.Deadline != 0 && (d.Deadline < 0 || time.Duration(d.Deadline) < time.Second) {
+		add("/deadline", "deadline is %v: want at least 1s (the timer's resolution), or none", time.Duration(d.Deadline))
+	}
 	branch := map[string]string{}
 	for _, s := range d.Steps {
 		for _, b := range s.Branches {
