@@ -222,6 +222,7 @@ type Names struct {
 	DefinitionBucket  string // waymark_definitions
 	JobsBucket        string // waymark_jobs: the job index
 	LimitsBucket      string // waymark_limits: providers' rate limits, shared by workers
+	StoreBucket       string // waymark_store: the session store, read and written across jobs
 	ValueBucket       string // waymark_values: object store of large state values
 	WorkStream        string // WAYMARK_WORK
 	InboxStream       string // WAYMARK_INBOX
@@ -246,6 +247,7 @@ func NamesFor(prefix string) Names {
 		EffectBucket:      prefix + "_effects",
 		JobsBucket:        prefix + "_jobs",
 		LimitsBucket:      prefix + "_limits",
+		StoreBucket:       prefix + "_store",
 		ValueBucket:       prefix + "_values",
 		WorkStream:        up + "_WORK",
 		InboxStream:       up + "_INBOX",
@@ -322,11 +324,12 @@ type Store struct {
 	Checkpoints *Checkpoints
 	Definitions *Definitions
 	Effects     *Effects
-	Jobs        *Jobs    // the job index
-	History     *History // the history stream
-	Queues      *Queues  // facts about the work and inbox queues
-	Values      *Values  // large state values by reference
-	Limits      *Limits  // providers' rate limits, shared by workers
+	Jobs        *Jobs         // the job index
+	History     *History      // the history stream
+	Queues      *Queues       // facts about the work and inbox queues
+	Values      *Values       // large state values by reference
+	Limits      *Limits       // providers' rate limits, shared by workers
+	Session     *SessionStore // the session store (store steps, engine store)
 	log         *slog.Logger
 	// backfill: the job index was made by this Open, over a deployment
 	// that may already hold checkpoints (an upgrade from layout 1).
@@ -596,6 +599,21 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 	}
 	if s.Limits == nil {
 		s.Limits = &Limits{kv: limits}
+	}
+	session, err := s.ensureBucket(ctx, jetstream.KeyValueConfig{
+		Bucket:       n.StoreBucket,
+		Description:  "Waymark session store: key <namespace>.<key>, a JSON value that store steps, agent tools and engine store read and write across jobs, by revision (compare-and-swap)",
+		History:      1,
+		MaxValueSize: 64 << 10,
+		Storage:      s.storage(),
+		Replicas:     c.Replicas,
+		Metadata:     meta,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if s.Session == nil {
+		s.Session = &SessionStore{kv: session}
 	}
 	queues, recorded, err := s.queueStorage(ctx, defs)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
 	"github.com/waymark-dev/waymark/steps/providers"
 )
@@ -99,6 +100,8 @@ type Call struct {
 	// rendered request before sending (the http kind does), and sends
 	// nothing when the request is outside it (CodeApprovalScope).
 	Scope, ScopeOf string
+	// Session is the deployment's session store (the store kind's).
+	Session *kv.SessionStore
 	// Stream, when set, receives the text of an agent turn as the model
 	// makes it (the worker publishes it on kv.Names.StreamSubject).
 	Stream func(text string)
@@ -202,6 +205,7 @@ func Builtins() *Registry {
 	_ = r.Register(schemas.KindModel, modelKind{})
 	_ = r.Register(schemas.KindAgent, agentKind{})
 	_ = r.Register(KindMCP, mcpKind{})
+	_ = r.Register(KindStore, storeKind{})
 	return r
 }
 

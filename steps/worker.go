@@ -398,7 +398,7 @@ func (w *Worker) run(ctx context.Context, m jetstream.Msg, ps *preparedStep, sm 
 	call := &Call{
 		Job: sm.Job, Step: ps.step, Definition: ps.def, Attempt: sm.Attempt, RunAttempt: sm.RunAttempt,
 		State: sm.State, Vars: sm.Vars, IdempotencyKey: sm.IdempotencyKey, Env: w.cfg.Env, lazy: log,
-		Item: sm.Item, ItemName: sm.ItemName, ItemValue: sm.ItemValue, Tool: sm.Tool, Turn: sm.Turn, Scope: sm.Scope, ScopeOf: sm.ScopeOf,
+		Item: sm.Item, ItemName: sm.ItemName, ItemValue: sm.ItemValue, Tool: sm.Tool, Turn: sm.Turn, Scope: sm.Scope, ScopeOf: sm.ScopeOf, Session: w.store.Session,
 	}
 	if sm.Turn > 0 {
 		msgs, err := w.transcript(ctx, sm)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/waymark-dev/waymark/engine/client"
+	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
 )
 
@@ -42,6 +43,9 @@ const MaxRequestBytes = 8 << 20
 //	POST /v1/jobs/{id}/rewind       {"to", "by", "reason"?} → {"job", "snapshot"}; 409 when the job is in a state a rewind does not apply to
 //	POST /v1/jobs/{id}/fork         {"from", "by", "job_id"?, "set"?: {path: value}} → 201 {job_id, ...}
 //	POST /v1/jobs/{id}/migrate      {"to", "patch"?, "by", "reason"?} → the record once moved; 400 a refused migration (the JSON pointers at fault), 409 a job it does not apply to
+//	GET  /v1/store/{ns}[/{key}]     → the session store: {"entries": [...]}, or one {namespace, key, value, revision, updated}
+//	PUT  /v1/store/{ns}/{key}?revision=N|create=true  body: the JSON value → {revision}; 409 another revision (or a value, with create)
+//	DELETE /v1/store/{ns}/{key}?revision=N → 204
 //	GET  /v1/effects?job=&state=    → {"effects": [...]} (state: prepared, dispatched, confirmed, ambiguous, reconciled)
 //	GET  /v1/effects/{key}          → one effect record (the key may contain '/')
 //	POST /v1/effects/resolve        {"key", "happened", "external_id"?, "result"?, "by", "note"?} → the reconciled record
@@ -79,6 +83,10 @@ func (a *API) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/jobs/{id}/rewind", a.rewindJob)
 	mux.HandleFunc("POST /v1/jobs/{id}/fork", a.forkJob)
 	mux.HandleFunc("POST /v1/jobs/{id}/migrate", a.migrateJob)
+	mux.HandleFunc("GET /v1/store/{ns}", a.storeList)
+	mux.HandleFunc("GET /v1/store/{ns}/{key}", a.storeGet)
+	mux.HandleFunc("PUT /v1/store/{ns}/{key}", a.storePut)
+	mux.HandleFunc("DELETE /v1/store/{ns}/{key}", a.storeDelete)
 	mux.HandleFunc("GET /v1/effects", a.listEffects)
 	mux.HandleFunc("GET /v1/effects/{key...}", a.getEffect)
 	mux.HandleFunc("POST /v1/effects/resolve", a.resolveEffect)
@@ -542,6 +550,88 @@ func (a *API) migrateJob(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, v)
+}
+
+func (a *API) storeList(w http.ResponseWriter, r *http.Request) {
+	es, err := a.Client.Store().Session.List(r.Context(), r.PathValue("ns"))
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if es == nil {
+		es = []kv.StoreEntry{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"entries": es})
+}
+
+func (a *API) storeGet(w http.ResponseWriter, r *http.Request) {
+	e, err := a.Client.Store().Session.Get(r.Context(), r.PathValue("ns"), r.PathValue("key"))
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, e)
+}
+
+// storeExpect reads ?revision=N and ?create=true (exclusive).
+func storeExpect(r *http.Request) (*uint64, error) {
+	q := r.URL.Query()
+	rev, create := q.Get("revision"), q.Get("create")
+	switch {
+	case rev != "" && create != "":
+		return nil, schemas.Errorf(schemas.CodeInputInvalid, "give revision or create, not both")
+	case create == "true":
+		z := uint64(0)
+		return &z, nil
+	case create != "":
+		return nil, schemas.Errorf(schemas.CodeInputInvalid, "create=%q: want true", create)
+	case rev != "":
+		n, err := strconv.ParseUint(rev, 10, 64)
+		if err != nil || n == 0 {
+			return nil, schemas.Errorf(schemas.CodeInputInvalid, "revision=%q: want a revision (a positive number)", rev)
+		}
+		return &n, nil
+	}
+	return nil, nil
+}
+
+func (a *API) storePut(w http.ResponseWriter, r *http.Request) {
+	exp, err := storeExpect(r)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	data, err := readBody(w, r)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if err := schemas.CheckJSONText(data); err != nil {
+		a.fail(w, r, fmt.Errorf("request body: %w", err))
+		return
+	}
+	rev, err := a.Client.Store().Session.Put(r.Context(), r.PathValue("ns"), r.PathValue("key"), data, exp)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]uint64{"revision": rev})
+}
+
+func (a *API) storeDelete(w http.ResponseWriter, r *http.Request) {
+	exp, err := storeExpect(r)
+	if err == nil && exp != nil && *exp == 0 {
+		err = schemas.Errorf(schemas.CodeInputInvalid, "create is for PUT")
+	}
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if err := a.Client.Store().Session.Delete(r.Context(), r.PathValue("ns"), r.PathValue("key"), exp); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // decodeJobRequest reads the job id of the path and the body into req

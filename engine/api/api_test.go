@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -546,5 +547,88 @@ steps:
 	ok := run("scope-ok", `{"amount_cents": 4000, "customer": "C1", "grow": false}`)
 	if ok.Status != schemas.JobCompleted || calls.Load() != 1 {
 		t.Fatalf("within its scope: %s %+v, %d calls", ok.Status, ok.Error, calls.Load())
+	}
+}
+
+// TestSessionStoreAcrossJobs: one job writes a user's memory with store
+// steps, another reads it; a create-only write over a value fails the job
+// with code conflict, not retried.
+func TestSessionStoreAcrossJobs(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	def, err := schemas.Parse("memory.yaml", []byte(`
+name: memory
+version: 1
+steps:
+  - id: read
+    kind: store
+    with: {op: get, namespace: 'user-{{.state.user}}', key: prefs}
+    save_as: before
+    next: [{to: write}]
+  - id: write
+    kind: store
+    effect: idempotent
+    with: {op: put, namespace: 'user-{{.state.user}}', key: prefs, value: {lang: '{{.state.lang}}'}, expect_revision: '{{.state.expect}}'}
+    save_as: written
+`), schemas.LoadOptions{Checks: []schemas.CheckFunc{engine.Check, steps.Builtins().Check(&steps.Env{})}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	run := func(id, input string) *client.JobView {
+		t.Helper()
+		if _, err := c.Start(ctx, def, json.RawMessage(input), client.StartOptions{JobID: id}); err != nil {
+			t.Fatal(err)
+		}
+		var v *client.JobView
+		testsupport.Eventually(t, 20*time.Second, func() bool { v, _ = c.Job(ctx, id); return v != nil && v.Status.Terminal() }, "never ended: %+v", v)
+		return v
+	}
+	first := run("mem-1", `{"user": "u1", "lang": "fr", "expect": "0"}`)
+	if first.Status != schemas.JobCompleted || !strings.Contains(string(first.State), `"before":{"found":false`) {
+		t.Fatalf("first: %s %s %+v", first.Status, first.State, first.Error)
+	}
+	second := run("mem-2", `{"user": "u1", "lang": "de", "expect": "0"}`)
+	if second.Status != schemas.JobFailed || second.Error.Code != schemas.CodeConflict || !strings.Contains(string(second.State), `"value":{"lang":"fr"}`) {
+		t.Fatalf("second: %s %s %+v", second.Status, second.State, second.Error)
+	}
+	e, err := c.Store().Session.Get(ctx, "u1-nope", "prefs")
+	if !errors.Is(err, schemas.ErrNotFound) {
+		t.Fatalf("another namespace: %+v %v", e, err)
+	}
+	if e, err := c.Store().Session.Get(ctx, "user-u1", "prefs"); err != nil || string(e.Value) != `{"lang":"fr"}` {
+		t.Fatalf("stored: %+v %v", e, err)
+	}
+	srv := httptest.NewServer((&api.API{Client: c}).Handler())
+	t.Cleanup(srv.Close)
+	do := func(method, path, body string) int {
+		t.Helper()
+		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, tc := range []struct {
+		method, path, body string
+		want               int
+	}{
+		{"GET", "/v1/store/user-u1/prefs", "", 200},
+		{"GET", "/v1/store/user-u1", "", 200},
+		{"GET", "/v1/store/user-u1/nope", "", 404},
+		{"PUT", "/v1/store/user-u1/prefs?create=true", `{"lang":"it"}`, 409},
+		{"PUT", "/v1/store/user-u1/prefs?revision=9999", `{"lang":"it"}`, 409},
+		{"PUT", "/v1/store/user.u1/prefs", `1`, 400},
+		{"PUT", "/v1/store/user-u1/prefs", `not json`, 400},
+		{"PUT", "/v1/store/user-u1/other", `{"n":1}`, 200},
+		{"DELETE", "/v1/store/user-u1/other?revision=9999", "", 409},
+		{"DELETE", "/v1/store/user-u1/other", "", 204},
+	} {
+		if got := do(tc.method, tc.path, tc.body); got != tc.want {
+			t.Errorf("%s %s %s: %d, want %d", tc.method, tc.path, tc.body, got, tc.want)
+		}
 	}
 }

@@ -869,3 +869,115 @@ Exit 0 once the engine recorded it; 1 when refused; 2 for bad input.`,
 	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for an engine to record it")
 	return cmd
 }
+
+func newStoreCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "store",
+		Short: "The session store: JSON values by namespace and key, kept across jobs",
+		Long: `The session store keeps JSON values by namespace and key (each 1 to 128
+letters, digits, '_' and '-') across jobs, in the KV bucket waymark_store
+under "<namespace>.<key>": a user's memory that store steps and agent tools
+of kind store read and write. Every write has a revision; put and delete
+take --revision to write only over that one (compare-and-swap), --create to
+write only when there is no value.`,
+	}
+	requireSubcommand(cmd)
+	output, value := "text", ""
+	var revision uint64
+	var create bool
+	with := func(run func(ctx context.Context, s *kv.SessionStore, args []string) error) func(*cobra.Command, []string) error {
+		return func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			return g.withClient(cmd.Context(), func(_ *client.Client, st *kv.Store) error {
+				err := run(cmd.Context(), st.Session, args)
+				switch {
+				case errors.Is(err, schemas.ErrInputInvalid):
+					return &ExitError{Code: 2, Err: err}
+				case errors.Is(err, schemas.ErrNotFound), errors.Is(err, schemas.ErrConflict):
+					return &ExitError{Code: 1, Err: err}
+				}
+				return err
+			})
+		}
+	}
+	expect := func(cmd *cobra.Command) (*uint64, error) {
+		switch {
+		case create && cmd.Flags().Changed("revision"):
+			return nil, &ExitError{Code: 2, Err: fmt.Errorf("--create and --revision: give one")}
+		case create:
+			z := uint64(0)
+			return &z, nil
+		case cmd.Flags().Changed("revision"):
+			return &revision, nil
+		}
+		return nil, nil
+	}
+	get := &cobra.Command{Use: "get NAMESPACE KEY", Short: "Print a value and its revision", Args: exactArgs(2),
+		RunE: with(func(ctx context.Context, s *kv.SessionStore, args []string) error {
+			e, err := s.Get(ctx, args[0], args[1])
+			if err != nil {
+				return err
+			}
+			if output == "json" {
+				return printJSON(g.stdout, e)
+			}
+			fmt.Fprintf(g.stdout, "revision %d\n", e.Revision)
+			return printJSON(g.stdout, e.Value)
+		})}
+	put := &cobra.Command{Use: "put NAMESPACE KEY --value JSON [--revision N | --create]", Short: "Write a value", Args: exactArgs(2)}
+	put.RunE = with(func(ctx context.Context, s *kv.SessionStore, args []string) error {
+		if !json.Valid([]byte(value)) {
+			return schemas.Errorf(schemas.CodeInputInvalid, "--value %q is not JSON (a string needs its quotes: --value '\"text\"')", value)
+		}
+		exp, err := expect(put)
+		if err != nil {
+			return err
+		}
+		rev, err := s.Put(ctx, args[0], args[1], json.RawMessage(value), exp)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(g.stdout, "revision %d\n", rev)
+		return nil
+	})
+	put.Flags().StringVar(&value, "value", "", "the value, JSON")
+	put.Flags().Uint64Var(&revision, "revision", 0, "write only over this revision")
+	put.Flags().BoolVar(&create, "create", false, "write only when there is no value")
+	del := &cobra.Command{Use: "delete NAMESPACE KEY [--revision N]", Short: "Remove a value", Args: exactArgs(2)}
+	del.RunE = with(func(ctx context.Context, s *kv.SessionStore, args []string) error {
+		var exp *uint64
+		if del.Flags().Changed("revision") {
+			exp = &revision
+		}
+		if err := s.Delete(ctx, args[0], args[1], exp); err != nil {
+			return err
+		}
+		fmt.Fprintf(g.stdout, "%s/%s removed\n", args[0], args[1])
+		return nil
+	})
+	del.Flags().Uint64Var(&revision, "revision", 0, "remove only this revision")
+	list := &cobra.Command{Use: "list NAMESPACE", Short: "List a namespace's values", Args: exactArgs(1),
+		RunE: with(func(ctx context.Context, s *kv.SessionStore, args []string) error {
+			es, err := s.List(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			if output == "json" {
+				if es == nil {
+					es = []kv.StoreEntry{}
+				}
+				return printJSON(g.stdout, map[string]any{"entries": es})
+			}
+			for _, e := range es {
+				fmt.Fprintf(g.stdout, "%s\trevision %d\t%s\n", e.Key, e.Revision, oneLine(string(e.Value), 200))
+			}
+			return nil
+		})}
+	for _, c := range []*cobra.Command{get, list} {
+		c.Flags().StringVarP(&output, "output", "o", "text", "text or json")
+	}
+	cmd.AddCommand(get, put, del, list)
+	return cmd
+}
