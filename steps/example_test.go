@@ -37,5 +37,5 @@ steps:
 		fmt.Println(p.Path, p.Message)
 	}
 	// Output:
-	// /steps/1/kind unknown step kind "scorer" (known: agent, enrich, http, mcp, model, noop); if workers of your own binary register it, allow it with --allow-kind scorer
+	// /steps/1/kind unknown step kind "scorer" (known: agent, enrich, http, mcp, model, noop, store); if workers of your own binary register it, allow it with --allow-kind scorer
 }

@@ -196,8 +196,8 @@ var kindNameRE = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,63}$`)
 // NewRegistry returns an empty Registry.
 func NewRegistry() *Registry { return &Registry{kinds: map[string]Kind{}} }
 
-// Builtins returns a Registry holding the built-in kinds: model, http and
-// noop.
+// Builtins returns a Registry holding the built-in kinds: model, http,
+// noop, agent, mcp and store.
 func Builtins() *Registry {
 	r := NewRegistry()
 	_ = r.Register(schemas.KindNoop, noopKind{})

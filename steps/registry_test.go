@@ -61,13 +61,13 @@ func TestRegistryRegister(t *testing.T) {
 func TestRegistryNames(t *testing.T) {
 	t.Parallel()
 	r := Builtins()
-	if got, want := strings.Join(r.Names(), ","), "agent,http,mcp,model,noop"; got != want {
+	if got, want := strings.Join(r.Names(), ","), "agent,http,mcp,model,noop,store"; got != want {
 		t.Errorf("Builtins().Names() = %s, want %s", got, want)
 	}
 	if err := r.Register("enrich", Func(func(context.Context, *Call) (any, error) { return nil, nil })); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := strings.Join(r.Names(), ","), "agent,enrich,http,mcp,model,noop"; got != want {
+	if got, want := strings.Join(r.Names(), ","), "agent,enrich,http,mcp,model,noop,store"; got != want {
 		t.Errorf("Names() = %s, want %s", got, want)
 	}
 	if got := NewRegistry().Names(); len(got) != 0 {
@@ -100,7 +100,7 @@ func TestRegistryCheck(t *testing.T) {
 	def := parseDef(t, checkWorkflow)
 	got := Builtins().Check(&Env{}, "acme.remote")(def)
 	want := []struct{ path, contains string }{
-		{"/steps/1/kind", `unknown step kind "enrich" (known: agent, http, mcp, model, noop); if workers of your own binary register it, allow it with --allow-kind enrich`},
+		{"/steps/1/kind", `unknown step kind "enrich" (known: agent, http, mcp, model, noop, store); if workers of your own binary register it, allow it with --allow-kind enrich`},
 		{"/steps/3/with", "Idempotency-Key is set by Waymark"},
 		{"/steps/4/with", "needs a cassette"},
 	}

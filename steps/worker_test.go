@@ -721,7 +721,7 @@ func TestNewWorker(t *testing.T) {
 				c.FetchWait != DefaultFetchWait || c.ID == "" || c.Registry == nil || c.Env == nil || c.Logger == nil {
 				t.Errorf("defaults = %+v", c)
 			}
-			if got := strings.Join(c.Registry.Names(), ","); got != "agent,http,mcp,model,noop" {
+			if got := strings.Join(c.Registry.Names(), ","); got != "agent,http,mcp,model,noop,store" {
 				t.Errorf("default registry = %s, want the builtins", got)
 			}
 		})
