@@ -503,6 +503,11 @@ func TestCheckpointWatch(t *testing.T) {
 	next := func() event {
 		t.Helper()
 		select {
+		case ev := <-events: // an event already sent comes first: Watch may have returned after it
+			return ev
+		default:
+		}
+		select {
 		case ev := <-events:
 			return ev
 		case err := <-done:
