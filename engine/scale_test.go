@@ -737,9 +737,9 @@ func TestMissingDefinitionBlocksTheJobUntilStoredAgain(t *testing.T) {
 	if v.BlockedReason != want {
 		t.Errorf("blocked reason %q, want %q", v.BlockedReason, want)
 	}
-	if e.Stats().DefinitionBlocked != 1 {
-		t.Errorf("definition blocked = %d, want 1", e.Stats().DefinitionBlocked)
-	}
+	// Counted when the transition's messages are settled, after the write.
+	testsupport.Eventually(t, 10*time.Second, func() bool { return e.Stats().DefinitionBlocked == 1 },
+		"definition blocked = %d, want 1", e.Stats().DefinitionBlocked)
 	evs, err := b.client.History(ctx, id)
 	if err != nil || !slices.ContainsFunc(evs, func(h schemas.HistoryEvent) bool {
 		return h.Type == schemas.EventJobBlocked && h.Data.Reason == want
