@@ -69,6 +69,10 @@ func startJob(c *compiled, cp *schemas.Checkpoint, now time.Time) []event {
 	if f := cp.Fork; f != nil && c.def.Step(f.From) != nil {
 		// A fork starts where its parent was, with the parent's runs.
 		from = f.From
+		for _, a := range f.Approvals {
+			ca := *a
+			cp.Approvals = append(cp.Approvals, &ca)
+		}
 		for step, n := range f.Runs {
 			if c.def.Step(step) != nil && n > 0 {
 				rec := stepRecord(c, cp, step)
@@ -242,10 +246,17 @@ func dispatchOrStop(c *compiled, cp *schemas.Checkpoint, step string, newRun boo
 	if p := expiredOutput(c, cp, step, now); newRun && p != "" {
 		// An output this step may read has expired: its step runs again
 		// first.
-		cp.Refresh = &schemas.Refresh{Step: p, Then: step}
+		var done []string
+		if r := cp.Refresh; r != nil && r.Then == step {
+			done = r.Done
+		}
+		cp.Refresh = &schemas.Refresh{Step: p, Then: step, Done: done}
 		ev := dispatch(c, cp, p, true, time.Time{}, now)
 		ev.data.Reason = fmt.Sprintf("the output of %s expired at %s (valid_for): run again before %s", p, cp.ValidUntil[p].Format(time.RFC3339), step)
 		return []event{ev}
+	}
+	if r := cp.Refresh; r != nil && r.Step == "" {
+		cp.Refresh = nil // the outputs it reads are fresh (or were made again once)
 	}
 	if s := c.def.Step(step); newRun && s != nil && isFan(s) {
 		return startFan(c, cp, s, now)
@@ -258,12 +269,16 @@ func dispatchOrStop(c *compiled, cp *schemas.Checkpoint, step string, newRun boo
 // expiredOutput returns the step whose output (valid_for) expired before
 // now and that is not step itself, the earliest to expire; "" when none.
 func expiredOutput(c *compiled, cp *schemas.Checkpoint, step string, now time.Time) string {
-	if len(cp.ValidUntil) == 0 || cp.Refresh != nil {
+	if len(cp.ValidUntil) == 0 || (cp.Refresh != nil && cp.Refresh.Step != "") {
 		return ""
+	}
+	var done []string
+	if r := cp.Refresh; r != nil && r.Then == step {
+		done = r.Done
 	}
 	best := ""
 	for p, until := range cp.ValidUntil {
-		if p == step || !now.After(until) || c.def.Step(p) == nil {
+		if p == step || !now.After(until) || c.def.Step(p) == nil || slices.Contains(done, p) {
 			continue
 		}
 		if best == "" || until.Before(cp.ValidUntil[best]) {
@@ -367,8 +382,8 @@ func follow(c *compiled, cp *schemas.Checkpoint, idx int, rec *schemas.StepRecor
 	}
 	if r := cp.Refresh; r != nil && r.Step == id {
 		// Run again because its output had expired: what was about to
-		// run goes now.
-		cp.Refresh = nil
+		// run goes now (unless another output it reads expired meanwhile).
+		cp.Refresh = &schemas.Refresh{Then: r.Then, Done: append(slices.Clone(r.Done), id)}
 		completed.data.Next = r.Then
 		return dispatchOrStop(c, cp, r.Then, true, time.Time{}, now)
 	}

@@ -150,8 +150,11 @@ func Check(def *schemas.Definition) []schemas.Problem {
 				ps = append(ps, schemas.Problem{Path: at + "/when", Message: fmt.Sprintf("scope condition does not compile (it sees request.method, request.url, request.body): %v", err)})
 			}
 			for j, st := range set.Scope.Steps {
-				if def.Step(st) == nil {
+				switch cs := def.Step(st); {
+				case cs == nil:
 					ps = append(ps, schemas.Problem{Path: fmt.Sprintf("%s/steps/%d", at, j), Message: fmt.Sprintf("scope names step %q, which does not exist", st)})
+				case cs.Kind != schemas.KindHTTP:
+					ps = append(ps, schemas.Problem{Path: fmt.Sprintf("%s/steps/%d", at, j), Message: fmt.Sprintf("scope names step %q of kind %s; a scope bounds the requests of http steps, which check it before sending", st, cs.Kind)})
 				}
 			}
 			if s.Kind == schemas.KindApproval && len(set.Scope.Steps) == 0 {

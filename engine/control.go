@@ -314,8 +314,17 @@ func applyControl(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now 
 	}
 	cp.Status = schemas.JobRunning
 	if s.Kind != schemas.KindApproval && a.Status == schemas.ApprovalApproved {
-		// The guarded step's run begins: its first attempt.
 		cp.Current = nil
+		if p := expiredOutput(c, cp, s.ID, now); p != "" {
+			// An output the step reads expired while it waited: its step
+			// runs again, and the guarded step then opens a new gate, for
+			// what it will send now.
+			cp.Refresh = &schemas.Refresh{Step: p, Then: s.ID}
+			ev := dispatch(c, cp, p, true, time.Time{}, now)
+			ev.data.Reason = fmt.Sprintf("the output of %s expired at %s (valid_for) while %s waited for approval: run again, and %s asks again", p, cp.ValidUntil[p].Format(time.RFC3339), s.ID, s.ID)
+			return outcomeApplied, append(evs, ev)
+		}
+		// The guarded step's run begins: its first attempt.
 		return outcomeApplied, append(evs, dispatch(c, cp, s.ID, false, time.Time{}, now))
 	}
 	if s.Kind != schemas.KindApproval {
@@ -634,6 +643,7 @@ func retryJob(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now time
 	cp.Status, cp.Error, cp.CompletedAt = schemas.JobRunning, nil, nil
 	cp.Current, cp.Fan, cp.Blocked = nil, nil, nil
 	cp.Retries++
+	resetDeadline(c, cp, now)
 	if sig.IndexRev != 0 {
 		cp.ActiveRev = sig.IndexRev // its creation, and so its message ids and ledger records, stay
 	}
@@ -651,6 +661,15 @@ func retryJob(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now time
 // unheld returns the dispatches of ds that are not held.
 func unheld(ds []*schemas.Dispatch) []*schemas.Dispatch {
 	return slices.DeleteFunc(ds, func(d *schemas.Dispatch) bool { return d.Held })
+}
+
+// resetDeadline gives a job reopened (retry, rewind) a deadline of its
+// own, counted from now: the one it had may be what it failed of.
+func resetDeadline(c *compiled, cp *schemas.Checkpoint, now time.Time) {
+	if d := c.def.Deadline; d > 0 {
+		at := now.Add(time.Duration(d)).UTC()
+		cp.DeadlineAt = &at
+	}
 }
 
 // deadlineJob fails cp, whose deadline passed: what it had in flight is
@@ -700,6 +719,7 @@ func rewindJob(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now tim
 	cp.State = sig.State
 	cp.Status, cp.Error, cp.CompletedAt = schemas.JobRunning, nil, nil
 	cp.Current, cp.Fan, cp.Blocked = nil, nil, nil
+	resetDeadline(c, cp, now)
 	if sig.IndexRev != 0 {
 		cp.ActiveRev = sig.IndexRev // its creation, and so its message ids and ledger records, stay
 	}
@@ -732,7 +752,9 @@ func parked(cp *schemas.Checkpoint) bool {
 // Nil when cp cannot move (its step is not in c, its state breaks c's
 // schema).
 func migrateJob(old, c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now time.Time) []event {
-	if !cp.Migratable() || c.def.Name != cp.Workflow {
+	if !cp.Migratable() || c.def.Name != cp.Workflow || (sig.Seq != 0 && sig.Seq != cp.Seq) {
+		// The state its patch was made from is no longer the job's (another
+		// migration, say, came first).
 		return nil
 	}
 	if cur := cp.Current; cur != nil && c.def.Step(cur.Step) == nil {
@@ -776,6 +798,13 @@ func migrateJob(old, c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, n
 		if cp.Status == schemas.JobPending {
 			evs = append(evs, startJob(c, cp, now)...)
 		}
+	}
+	if cur := cp.Current; cur != nil && cur.Gate != "" && cp.Status == schemas.JobWaitingApproval {
+		// The gate opens again under the new definition: its action, data
+		// and digest are the new ones, and an approval of the old is void.
+		closeGates(cp, now, "the job moved to definition "+short(c.def.Hash))
+		cp.Current, cp.Status = nil, schemas.JobRunning
+		evs = append(evs, dispatchOrStop(c, cp, cur.Step, true, time.Time{}, now)...)
 	}
 	return evs
 }

@@ -1017,3 +1017,96 @@ steps:
 	case <-time.After(300 * time.Millisecond):
 	}
 }
+
+// TestConcurrentMigrationsOneWins: two migrations of one job sent at once:
+// one is applied and told so, the other is told which came first and
+// changes nothing; the job's open gate opens again under the new
+// definition (a new gate, the old one discarded).
+func TestConcurrentMigrationsOneWins(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	b.manualWorker()
+	v1 := b.define("name: racing-mig\nversion: 1\nsteps:\n  - {id: gate, kind: approval, with: {action: 'pay {{.state.amount}}'}}\n")
+	id := b.start(v1, `{"amount": 5}`, "mig-race")
+	if v := b.wait(id); v.Status != schemas.JobWaitingApproval {
+		t.Fatalf("status %s", v.Status)
+	}
+	v2 := b.define("name: racing-mig\nversion: 2\nsteps:\n  - {id: gate, kind: approval, with: {action: 'pay {{.state.amount}} {{.state.currency}}'}}\n")
+	c := ctx30(t)
+	if err := b.store.Definitions.Put(c, v2); err != nil {
+		t.Fatal(err)
+	}
+	type outcome struct {
+		v   *client.JobView
+		err error
+	}
+	outs := make(chan outcome, 2)
+	for _, cur := range []string{"eur", "usd"} {
+		go func() {
+			v, err := b.client.Migrate(c, id, client.MigrateRequest{To: v2.Hash, By: "ops-" + cur, Patch: json.RawMessage(`[{"op": "add", "path": "/currency", "value": "` + cur + `"}]`)})
+			outs <- outcome{v, err}
+		}()
+	}
+	won, lost := 0, 0
+	for range 2 {
+		o := <-outs
+		switch {
+		case o.err == nil:
+			won++
+		case errors.Is(o.err, client.ErrNotApplicable) && strings.Contains(o.err.Error(), "came first"):
+			lost++
+		default:
+			t.Errorf("migrate: %v", o.err)
+		}
+	}
+	if won != 1 || lost != 1 {
+		t.Fatalf("%d migrations applied, %d told another came first", won, lost)
+	}
+	v, _ := b.client.Job(c, id)
+	evs, _ := b.client.History(c, id)
+	migrated := 0
+	for _, e := range evs {
+		if e.Type == schemas.EventJobMigrated {
+			migrated++
+		}
+	}
+	if migrated != 1 || v.DefinitionHash != v2.Hash || len(v.Approvals) != 2 || v.Approvals[0].Status != schemas.ApprovalExpired ||
+		v.Approvals[1].Status != schemas.ApprovalPending || !strings.HasPrefix(v.Approvals[1].Action, "pay 5 ") {
+		t.Fatalf("%d migrations recorded; definition %s; gates %+v", migrated, v.DefinitionHash, v.Approvals)
+	}
+}
+
+// TestForkKeepsTheParentsScopedApproval: a fork taken after its parent's
+// scoped approval carries it: the fork's charge goes with the scope.
+func TestForkKeepsTheParentsScopedApproval(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	id := b.start(b.define(`
+name: scoped-fork
+version: 1
+steps:
+  - id: approve
+    kind: approval
+    with: {action: 'up to 40', scope: {steps: [charge], when: 'request.body.amount <= 40'}}
+    next: [{to: charge}]
+  - {id: charge, kind: http, with: {url: 'http://127.0.0.1:1/charge', body: {amount: '{{json .state.amount}}'}}}
+`), `{"amount": 40}`, "scoped-parent")
+	b.wait(id)
+	c := ctx30(t)
+	if _, err := b.client.Approve(c, id, "approve", client.ControlRequest{By: "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	pc := b.nextOf(id, ch)
+	if pc.sm.Scope != "request.body.amount <= 40" {
+		t.Fatalf("parent's charge scope %q", pc.sm.Scope)
+	}
+	ent, _ := b.store.Checkpoints.Get(c, id)
+	if _, err := b.client.Fork(c, id, ent.Checkpoint.Seq, client.ForkRequest{By: "ops", JobID: "scoped-fork-1", Set: map[string]json.RawMessage{"amount": json.RawMessage(`999999`)}}); err != nil {
+		t.Fatal(err)
+	}
+	fc := b.nextOf("scoped-fork-1", ch)
+	if fc.sm.Step != "charge" || fc.sm.Scope != pc.sm.Scope {
+		t.Fatalf("the fork's %s goes with scope %q, want the parent's %q", fc.sm.Step, fc.sm.Scope, pc.sm.Scope)
+	}
+}

@@ -114,9 +114,9 @@ func (e *Engine) startPublish(ctx context.Context, ps []*plan) *settlement {
 				continue
 			}
 		}
-		if at := cp.DeadlineAt; at != nil && !cp.Status.Terminal() && (p.republish || p.base == nil || p.base.cp.DeadlineAt == nil) {
+		if at := cp.DeadlineAt; at != nil && !cp.Status.Terminal() && (p.republish || p.base == nil || p.base.cp.DeadlineAt == nil || !p.base.cp.DeadlineAt.Equal(*at)) {
 			sig, _ := json.Marshal(schemas.Signal{Job: cp.JobID, Type: schemas.SignalJobDeadline, By: "the job's deadline", At: *at})
-			if err := e.store.ScheduleTimer(ctx, cp.JobID, "deadline", *at, kv.InboxSignal, nil, sig, cp.MsgPrefix()+"/deadline"); err != nil {
+			if err := e.store.ScheduleTimer(ctx, cp.JobID, "deadline", *at, kv.InboxSignal, nil, sig, cp.MsgPrefix()+"/deadline/"+strconv.FormatInt(at.Unix(), 10)); err != nil {
 				p.err = err
 				continue
 			}

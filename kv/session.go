@@ -87,6 +87,9 @@ func (s *SessionStore) Put(ctx context.Context, ns, key string, value json.RawMe
 	if !json.Valid(value) {
 		return 0, schemas.Errorf(schemas.CodeInputInvalid, "store %s/%s: the value is not JSON", ns, key)
 	}
+	if err := schemas.CheckJSONText(value); err != nil {
+		return 0, schemas.Errorf(schemas.CodeInputInvalid, "store %s/%s: %v", ns, key, err)
+	}
 	if len(value) > MaxStoreValueBytes {
 		return 0, schemas.Errorf(schemas.CodeInputInvalid, "store %s/%s: the value is %d bytes; the limit is %d", ns, key, len(value), MaxStoreValueBytes)
 	}

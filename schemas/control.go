@@ -26,6 +26,9 @@ const (
 	// signal; its output is a SignalOutput. A signal that comes before the
 	// job waits for it is kept for the wait step.
 	KindWait = "wait"
+	// KindStore reads and writes the session store (see package steps and
+	// kv.SessionStore); workers perform it.
+	KindStore = "store"
 )
 
 // WaitSettings are the with settings of a wait step.
@@ -424,8 +427,11 @@ type ControlRecord struct {
 // Refresh is a step run again because its output expired (valid_for)
 // before Then, the step that was about to be dispatched, which follows it.
 type Refresh struct {
-	Step string `json:"step"`
+	Step string `json:"step,omitempty"` // the step running again; empty between two
 	Then string `json:"then"`
+	// Done are the steps run again for Then already: each runs again
+	// once, so outputs that expire faster than they are made end no loop.
+	Done []string `json:"done,omitempty"`
 }
 
 // ScopeRequest is what an approval's scope condition sees as .request:

@@ -386,9 +386,20 @@ func (d *Definition) EffectOf(s *Step) EffectClass {
 		return s.Effect
 	}
 	switch s.Kind {
-	case KindModel, KindNoop, KindParallel, KindWorkflow, KindAgent:
+	case KindModel, KindNoop, KindParallel, KindWorkflow, KindAgent, KindApproval, KindSleep, KindWait:
 		return EffectPure
 	case KindHTTP:
+		return EffectIdempotent
+	case KindStore:
+		// Reads change nothing; a write of the same value again is the
+		// same write (the store kind answers it so).
+		var w struct {
+			Op string `json:"op"`
+		}
+		_ = json.Unmarshal(s.With, &w)
+		if w.Op == "get" || w.Op == "list" {
+			return EffectPure
+		}
 		return EffectIdempotent
 	}
 	return EffectUnsafe

@@ -38,6 +38,9 @@ type ForkOrigin struct {
 	Runs       map[string]int `json:"runs,omitempty"`
 	ParentRuns map[string]int `json:"parent_runs,omitempty"`
 	KeyBase    string         `json:"key_base"`
+	// Approvals are the parent's approvals decided by then: they carry on
+	// in the fork (a scope keeps bounding what the fork's steps send).
+	Approvals []*Approval `json:"approvals,omitempty"`
 }
 
 // Caller names the dispatch of a parent job's workflow step that started

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 
+	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
 )
 
@@ -18,7 +20,7 @@ import (
 // {entries: [{key, value, revision}]}. A put or delete with
 // expect_revision that finds another revision fails for good with code
 // conflict (an agent reads why and can read again).
-const KindStore = "store"
+const KindStore = schemas.KindStore
 
 type storeWith struct {
 	Op             string          `json:"op"`        // get, put, delete or list
@@ -29,6 +31,9 @@ type storeWith struct {
 }
 
 type storeKind struct{}
+
+// secretInTemplate finds a call of the secret function in template text.
+var secretInTemplate = regexp.MustCompile(`\{\{[^}]*\bsecret\b`)
 
 type storeRunner struct {
 	op             string
@@ -42,6 +47,11 @@ func (storeKind) Prepare(p *Prep) (Runner, error) {
 	var w storeWith
 	if err := p.Decode(&w); err != nil {
 		return nil, err
+	}
+	for what, text := range map[string]string{"namespace": w.Namespace, "key": w.Key, "expect_revision": w.ExpectRevision, "value": string(w.Value)} {
+		if secretInTemplate.MatchString(text) {
+			return nil, fmt.Errorf("step %s: with.%s: {{secret}} is not allowed in a store step: the store keeps what it writes, in the clear, for every job to read", p.Step.ID, what)
+		}
 	}
 	r := &storeRunner{op: w.Op, env: p.Env}
 	switch w.Op {
@@ -83,13 +93,25 @@ func (storeKind) Prepare(p *Prep) (Runner, error) {
 	return r, nil
 }
 
+// sameJSON reports whether a and b are the same JSON value.
+func sameJSON(a, b []byte) bool {
+	var x, y any
+	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
+		return false
+	}
+	xa, _ := json.Marshal(x)
+	ya, _ := json.Marshal(y)
+	return string(xa) == string(ya)
+}
+
 func (r *storeRunner) Run(ctx context.Context, c *Call) (any, error) {
+	notDone := func(err error) error { return NotPerformed(NonRetryable(err)) }
 	if c.Session == nil {
-		return nil, NonRetryable(errors.New("this worker has no session store"))
+		return nil, notDone(errors.New("this worker has no session store"))
 	}
 	data, err := c.TemplateData()
 	if err != nil {
-		return nil, NonRetryable(err)
+		return nil, notDone(err)
 	}
 	render := func(t *stepTemplate) (string, error) {
 		if t == nil {
@@ -100,30 +122,38 @@ func (r *storeRunner) Run(ctx context.Context, c *Call) (any, error) {
 	}
 	ns, err := render(r.namespace)
 	if err != nil {
-		return nil, NonRetryable(err)
+		return nil, notDone(err)
 	}
 	key, err := render(r.key)
 	if err != nil {
-		return nil, NonRetryable(err)
+		return nil, notDone(err)
+	}
+	if err := kv.CheckStoreName("namespace", ns); err != nil {
+		return nil, notDone(err)
+	}
+	if r.key != nil {
+		if err := kv.CheckStoreName("key", key); err != nil {
+			return nil, notDone(err)
+		}
 	}
 	var expect *uint64
 	if r.expect != nil {
 		s, err := render(r.expect)
 		if err != nil {
-			return nil, NonRetryable(err)
+			return nil, notDone(err)
 		}
 		n, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
-			return nil, NonRetryable(schemas.Errorf(schemas.CodeInputInvalid, "expect_revision %q is not a revision (a number)", s))
+			return nil, notDone(schemas.Errorf(schemas.CodeInputInvalid, "expect_revision %q is not a revision (a number)", s))
 		}
 		expect = &n
 	}
 	bad := func(err error) error {
 		switch {
 		case errors.Is(err, schemas.ErrInputInvalid):
-			return NonRetryable(err)
+			return notDone(err)
 		case errors.Is(err, schemas.ErrConflict):
-			return NotPerformed(NonRetryable(err))
+			return notDone(schemas.Errorf(schemas.CodeConflict, "%s", strings.TrimSuffix(err.Error(), ": "+schemas.ErrConflict.Error())))
 		}
 		return err
 	}
@@ -140,15 +170,28 @@ func (r *storeRunner) Run(ctx context.Context, c *Call) (any, error) {
 	case "put":
 		v, err := r.value.render(c, r.env, data)
 		if err != nil {
-			return nil, NonRetryable(err)
+			return nil, notDone(err)
 		}
 		rev, err := c.Session.Put(ctx, ns, key, v, expect)
+		if errors.Is(err, schemas.ErrConflict) {
+			// The value this attempt writes is there already (an attempt
+			// before a crash wrote it): the same write.
+			if e, gerr := c.Session.Get(ctx, ns, key); gerr == nil && sameJSON(e.Value, v) {
+				return map[string]any{"revision": e.Revision}, nil
+			}
+		}
 		if err != nil {
 			return nil, bad(err)
 		}
 		return map[string]any{"revision": rev}, nil
 	case "delete":
-		if err := c.Session.Delete(ctx, ns, key, expect); err != nil {
+		err := c.Session.Delete(ctx, ns, key, expect)
+		if errors.Is(err, schemas.ErrConflict) {
+			if _, gerr := c.Session.Get(ctx, ns, key); errors.Is(gerr, schemas.ErrNotFound) {
+				err = nil // gone already (an attempt before a crash removed it)
+			}
+		}
+		if err != nil {
 			return nil, bad(err)
 		}
 		return map[string]any{"deleted": true}, nil

@@ -632,3 +632,21 @@ steps:
 		}
 	}
 }
+
+// TestStoreAndScopeChecksAtLoad: a store step writing a secret and a scope
+// over a step that is not http are refused when the workflow is loaded.
+func TestStoreAndScopeChecksAtLoad(t *testing.T) {
+	t.Parallel()
+	checks := []schemas.CheckFunc{engine.Check, steps.Builtins().Check(&steps.Env{})}
+	for _, tc := range []struct{ yaml, want string }{
+		{"name: s\nversion: 1\nsteps:\n  - {id: w, kind: store, with: {op: put, namespace: n, key: k, value: {s: '{{secret \"api\"}}'}}}\n",
+			"{{secret}} is not allowed in a store step"},
+		{"name: s\nversion: 1\nsteps:\n  - {id: g, kind: approval, with: {scope: {steps: [n], when: 'request.body.x < 1'}}, next: [{to: n}]}\n  - {id: n, kind: noop}\n",
+			"a scope bounds the requests of http steps"},
+	} {
+		_, err := schemas.Parse("check.yaml", []byte(tc.yaml), schemas.LoadOptions{Checks: checks})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.yaml, err, tc.want)
+		}
+	}
+}

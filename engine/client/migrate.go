@@ -19,10 +19,13 @@ import (
 // stored last); Patch is a JSON Patch (RFC 6902) applied to the job's
 // state first, or empty for none.
 type MigrateRequest struct {
-	To     string          `json:"to"`
-	Patch  json.RawMessage `json:"patch,omitempty"`
-	By     string          `json:"by"`
-	Reason string          `json:"reason,omitempty"`
+	// Definition, when set, is the definition to move to (a workflow file
+	// the caller loaded): stored only once the migration passed its checks.
+	Definition *schemas.Definition `json:"-"`
+	To         string              `json:"to"`
+	Patch      json.RawMessage     `json:"patch,omitempty"`
+	By         string              `json:"by"`
+	Reason     string              `json:"reason,omitempty"`
 }
 
 // ErrMigration: the migration was refused; nothing changed. The error
@@ -53,9 +56,13 @@ func (c *Client) Migrate(ctx context.Context, id string, r MigrateRequest) (*Job
 		return nil, fmt.Errorf("migrate job %s: it is %s%s; migrate a job that failed, waits for approval, is blocked on its definition, or is paused with nothing in flight (engine pause %s), outside parallel, map and agent steps: %w",
 			id, cp.Status, map[bool]string{true: " (paused, a step in flight)", false: ""}[cp.Paused != nil], id, ErrNotApplicable)
 	}
-	def, err := c.resolveDefinition(ctx, cp.Workflow, r.To)
-	if err != nil {
-		return nil, fmt.Errorf("migrate job %s: %w", id, err)
+	def := r.Definition
+	if def == nil {
+		if def, err = c.resolveDefinition(ctx, cp.Workflow, r.To); err != nil {
+			return nil, fmt.Errorf("migrate job %s: %w", id, err)
+		}
+	} else if def.Name != cp.Workflow {
+		return nil, schemas.Errorf(schemas.CodeInputInvalid, "migrate job %s: the file defines workflow %s; the job's is %s", id, def.Name, cp.Workflow)
 	}
 	if def.Hash == cp.DefinitionHash && len(r.Patch) == 0 {
 		return nil, fmt.Errorf("migrate job %s: it runs definition %s already, and no patch is given: %w", id, short(def.Hash), ErrNotApplicable)
@@ -89,10 +96,16 @@ func (c *Client) Migrate(ctx context.Context, id string, r MigrateRequest) (*Job
 	if cur := cp.Current; cur != nil && def.Step(cur.Step) == nil {
 		return nil, fmt.Errorf("migrate job %s: it is at step %s, which definition %s (v%d) does not have: %w", id, cur.Step, short(def.Hash), def.Version, ErrMigration)
 	}
-	sig := schemas.Signal{Job: id, Type: schemas.SignalMigrate, By: r.By, Reason: r.Reason, Definition: def.Hash, State: state}
-	hash := def.Hash
+	if r.Definition != nil {
+		if err := c.store.Definitions.Put(ctx, r.Definition); err != nil {
+			return nil, fmt.Errorf("migrate job %s: store definition %s: %w", id, short(def.Hash), err)
+		}
+	}
+	// Seq: the checkpoint the patch was applied to; a migration that finds
+	// the job moved on is dropped, and its sender told.
+	sig := schemas.Signal{Job: id, Type: schemas.SignalMigrate, By: r.By, Reason: r.Reason, Definition: def.Hash, State: state, Seq: cp.Seq}
 	return c.control(ctx, "migrate", cp, sig, func(n *schemas.Checkpoint) bool {
-		return n.DefinitionHash == hash || !n.Migratable()
+		return n.Seq > cp.Seq || !n.Migratable()
 	})
 }
 

@@ -345,6 +345,11 @@ func (c *Client) Fork(ctx context.Context, id string, from uint64, r ForkRequest
 		}
 	}
 	origin := &schemas.ForkOrigin{Parent: id, Seq: from, From: snap.Next, Runs: snap.Runs, ParentRuns: parentRuns, KeyBase: cp.KeyBase()}
+	for _, a := range cp.Approvals {
+		if a.Status == schemas.ApprovalApproved && a.DecidedAt != nil && !a.DecidedAt.After(snap.At) {
+			origin.Approvals = append(origin.Approvals, a) // its scope keeps bounding the fork
+		}
+	}
 	return c.Start(ctx, def, state, StartOptions{JobID: jobID, Vars: cp.Vars, Fork: origin})
 }
 

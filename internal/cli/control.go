@@ -834,22 +834,21 @@ Exit 0 once the engine recorded it; 1 when refused; 2 for bad input.`,
 				patch = data
 			}
 			var file *schemas.Definition
+			looksLikeFile := strings.HasSuffix(to, ".yaml") || strings.HasSuffix(to, ".yml") || strings.HasSuffix(to, ".json") || strings.Contains(to, "/")
+			if _, err := os.Stat(to); err != nil && looksLikeFile {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--to %s: %w", to, err)}
+			}
 			if st, err := os.Stat(to); err == nil && !st.IsDir() {
 				if file, err = loadWorkflowForAnyWorker(to, nil, nil); err != nil {
 					return &ExitError{Code: 2, Err: err}
 				}
 			}
 			return g.withClient(cmd.Context(), func(c *client.Client, st *kv.Store) error {
-				target := to
-				if file != nil {
-					if err := st.Definitions.Put(cmd.Context(), file); err != nil {
-						return err
-					}
-					target = file.Hash
-				}
 				ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 				defer cancel()
-				v, err := c.Migrate(ctx, args[0], client.MigrateRequest{To: target, Patch: patch, By: by, Reason: reason})
+				// A file's definition is stored only once the migration
+				// passed its checks.
+				v, err := c.Migrate(ctx, args[0], client.MigrateRequest{To: to, Definition: file, Patch: patch, By: by, Reason: reason})
 				if err != nil {
 					return controlExit("migrate", args[0], timeout, err)
 				}
