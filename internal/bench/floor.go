@@ -36,6 +36,13 @@ func runFloor(ctx context.Context, cfg Config, tg *target, rec *recorder) error 
 			return err
 		}
 	}
+	// On a cluster a stream answers once its leader is elected: the first
+	// publications would find none ("no response from stream").
+	for _, name := range []string{"FLOOR_WORK", "FLOOR_INBOX", "KV_floor_checkpoints"} {
+		if err := waitStreamLeader(ctx, js, name); err != nil {
+			return err
+		}
+	}
 	consumer := func(stream, name string) (jetstream.Consumer, error) {
 		return js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
 			Durable: name, AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 20000, AckWait: time.Minute,
@@ -192,4 +199,22 @@ func feed(ctx context.Context, cfg Config, slots chan struct{}, start func(job s
 		}()
 	}
 	wg.Wait()
+}
+
+// waitStreamLeader waits until stream name has a leader (at once on one
+// server).
+func waitStreamLeader(ctx context.Context, js jetstream.JetStream, name string) error {
+	for {
+		st, err := js.Stream(ctx, name)
+		if err == nil {
+			if info, err := st.Info(ctx); err == nil && (info.Cluster == nil || info.Cluster.Leader != "") {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("stream %s has no leader: %w", name, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
