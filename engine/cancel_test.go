@@ -191,3 +191,52 @@ func TestCancelRemovesQueuedSteps(t *testing.T) {
 		}
 	}
 }
+
+// TestCancelWhileAnUnsafeCallIsInFlight: a job cancelled while its unsafe
+// step's call is out ends cancelled at once, naming the call's effect key
+// in what was in flight; the call's late answer is dropped and nothing
+// follows it.
+func TestCancelWhileAnUnsafeCallIsInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	ch := b.manualWorker()
+	id := b.start(b.define(`
+name: mailer
+version: 1
+steps:
+  - {id: send, kind: noop, effect: unsafe, next: [{to: after}]}
+  - {id: after, kind: noop}
+`), `{}`, "cancel-unsafe")
+	h := b.nextOf(id, ch)
+	if h.sm.EffectKey == "" {
+		t.Fatal("the unsafe step has no effect key")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	v, err := b.client.Cancel(ctx, id, client.CancelRequest{By: "ops", Reason: "wrong recipient"})
+	if err != nil || v.Status != schemas.JobCancelled {
+		t.Fatalf("cancel: %+v %v", v, err)
+	}
+	evs, err := b.client.History(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, e := range evs {
+		if e.Type == schemas.EventJobCancelled && strings.Contains(e.Data.Reason, "in flight: send (effect "+h.sm.EffectKey+")") {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("job.cancelled does not name the call in flight: %+v", evs)
+	}
+	h.reply(json.RawMessage(`{"sent": true}`), nil) // the call's late answer
+	select {
+	case h := <-ch:
+		t.Fatalf("step %s dispatched after the cancel", h.sm.Step)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if after, _ := b.client.Job(ctx, id); after.Status != schemas.JobCancelled {
+		t.Fatalf("status after the late answer: %s", after.Status)
+	}
+}

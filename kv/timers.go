@@ -207,7 +207,7 @@ func (s *Store) PutCron(ctx context.Context, sc *CronSchedule) error {
 	if _, err := s.JS.PublishMsg(ctx, m, jetstream.WithScheduleCron(sc.Cron), jetstream.WithScheduleTarget(s.Names.TimerPrefix+"fired."+sc.Name)); err != nil {
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && apiErr.Code == 400 {
-			return schemas.Errorf(schemas.CodeInputInvalid, "cron schedule %s: the server refused %q%s: %s (want 6 fields, seconds first, such as \"0 30 9 * * 1-5\", or @hourly, @daily, @weekly, @monthly, @yearly)",
+			return schemas.Errorf(schemas.CodeInputInvalid, "cron schedule %s: the server refused %q%s: %s (want 6 fields, seconds first, such as \"0 30 9 * * 1-5\", @hourly, @daily, @weekly, @monthly, @yearly, or @every 5m: at least 1s)",
 				sc.Name, sc.Cron, map[bool]string{true: " in zone " + sc.TimeZone, false: ""}[sc.TimeZone != ""], apiErr.Description)
 		}
 		return fmt.Errorf("store cron schedule %s (%s): %w", sc.Name, sc.Cron, err)

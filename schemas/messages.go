@@ -26,8 +26,8 @@ type StartRequest struct {
 // ForkOrigin is where a fork comes from: its parent job, the parent's
 // sequence it was taken at, the step it starts at, and the parent's ended
 // runs per step then (the fork's run counts start there). A run of a step
-// that the parent had reached when the fork was taken (ParentRuns: its
-// ended runs and the one in flight) takes the parent's idempotency key
+// that the parent had reached at that sequence (ParentRuns: its ended runs
+// and the one in flight then) takes the parent's idempotency key
 // (KeyBase), so that an effect the parent confirmed answers from the
 // ledger and is never made twice, even for the step the parent was at;
 // every later run takes the fork's own keys.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -81,6 +82,13 @@ func (c *Client) StateAt(ctx context.Context, id string, seq uint64) (*Snapshot,
 	}
 	inFlight := map[string]flight{}
 	var ledger []schemas.HistoryEvent
+	s.At = ent.Checkpoint.CreatedAt // seq 1: the job as its client created it, with its input
+	for _, h := range evs {
+		if h.Type == schemas.EventJobStarted && len(h.Data.Input) > 0 {
+			s.State = h.Data.Input
+			break
+		}
+	}
 	for _, h := range evs {
 		d := h.Data
 		if d.Seq == 0 {
@@ -300,7 +308,8 @@ type ForkRequest struct {
 // the fork was taken (the step the fork starts at among them) takes the
 // parent's idempotency key, so that an effect the parent confirmed is
 // answered from the ledger and never made twice; later runs take the
-// fork's own keys. Errors: schemas.ErrNotFound;
+// fork's own keys. "Reached" is at sequence from: the runs ended by then
+// and the one in flight then. Errors: schemas.ErrNotFound;
 // CodeInputInvalid for a sequence the parent never reached or one at which
 // it was at no single step, a bad path, a state that breaks the state
 // schema, or a state holding values by reference (not supported yet).
@@ -336,14 +345,13 @@ func (c *Client) Fork(ctx context.Context, id string, from uint64, r ForkRequest
 	if jobID == "" {
 		jobID = fmt.Sprintf("%s-fork-%d-%d", id, from, c.now().UnixMilli()%1e6)
 	}
-	parentRuns := map[string]int{}
-	for i, s := range def.Steps {
-		if rec := cp.Steps[s.ID]; rec != nil && rec.Runs > 0 {
-			parentRuns[s.ID] = rec.Runs
-		} else if cp.Completed.Has(i) {
-			parentRuns[s.ID] = 1
-		}
+	// The runs the parent had reached at from: those that had ended, and
+	// the one in flight then (it may have ended since: never twice).
+	parentRuns := maps.Clone(snap.Runs)
+	if parentRuns == nil {
+		parentRuns = map[string]int{}
 	}
+	parentRuns[snap.Next]++
 	origin := &schemas.ForkOrigin{Parent: id, Seq: from, From: snap.Next, Runs: snap.Runs, ParentRuns: parentRuns, KeyBase: cp.KeyBase()}
 	for _, a := range cp.Approvals {
 		if a.Status == schemas.ApprovalApproved && a.DecidedAt != nil && !a.DecidedAt.After(snap.At) {

@@ -927,6 +927,9 @@ write only when there is no value.`,
 		})}
 	put := &cobra.Command{Use: "put NAMESPACE KEY --value JSON [--revision N | --create]", Short: "Write a value", Args: exactArgs(2)}
 	put.RunE = with(func(ctx context.Context, s *kv.SessionStore, args []string) error {
+		if !put.Flags().Changed("value") {
+			return schemas.Errorf(schemas.CodeInputInvalid, "--value is required: the JSON to store (--value '{\"lang\": \"fr\"}')")
+		}
 		if !json.Valid([]byte(value)) {
 			return schemas.Errorf(schemas.CodeInputInvalid, "--value %q is not JSON (a string needs its quotes: --value '\"text\"')", value)
 		}
