@@ -123,12 +123,15 @@ func isWrongSequence(err error) bool {
 	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
 }
 
-// Delete removes the value under ns and key (expect as for Put; a
-// missing value is not an error without expect). Errors: schemas.ErrConflict.
+// Delete removes the value under ns and key (expect as for Put). Errors:
+// schemas.ErrNotFound when there is none; schemas.ErrConflict.
 func (s *SessionStore) Delete(ctx context.Context, ns, key string, expect *uint64) error {
 	k, err := storeKey(ns, key)
 	if err != nil {
 		return err
+	}
+	if _, err := s.kv.Get(ctx, k); errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("store %s/%s: there is no value: %w", ns, key, schemas.ErrNotFound)
 	}
 	var opts []jetstream.KVDeleteOpt
 	if expect != nil {

@@ -50,6 +50,9 @@ func TestSessionStoreRevisions(t *testing.T) {
 	if _, err := s.Get(c, "user-1", "prefs"); !errors.Is(err, schemas.ErrNotFound) {
 		t.Fatalf("get after delete: %v", err)
 	}
+	if err := s.Delete(c, "user-1", "prefs", nil); !errors.Is(err, schemas.ErrNotFound) {
+		t.Fatalf("delete of nothing: %v", err)
+	}
 	if _, err := s.Put(c, "user.1", "k", json.RawMessage(`1`), nil); !errors.Is(err, schemas.ErrInputInvalid) {
 		t.Fatalf("a namespace with a dot: %v", err)
 	}

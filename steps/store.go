@@ -186,6 +186,9 @@ func (r *storeRunner) Run(ctx context.Context, c *Call) (any, error) {
 		return map[string]any{"revision": rev}, nil
 	case "delete":
 		err := c.Session.Delete(ctx, ns, key, expect)
+		if errors.Is(err, schemas.ErrNotFound) {
+			err = nil // nothing to remove: the outcome asked for
+		}
 		if errors.Is(err, schemas.ErrConflict) {
 			if _, gerr := c.Session.Get(ctx, ns, key); errors.Is(gerr, schemas.ErrNotFound) {
 				err = nil // gone already (an attempt before a crash removed it)
