@@ -610,6 +610,19 @@ func decideCallGate(c *compiled, cp *schemas.Checkpoint, a *schemas.Approval, ca
 	return evs
 }
 
+// expandRecords gives every step in cp's compact set of completed steps
+// its record back, so that a reopened job's run counts can be set.
+func expandRecords(c *compiled, cp *schemas.Checkpoint) {
+	if cp.Steps == nil {
+		cp.Steps = map[string]*schemas.StepRecord{}
+	}
+	for i := range c.def.Steps {
+		if cp.Completed.Has(i) {
+			stepRecord(c, cp, c.def.Steps[i].ID)
+		}
+	}
+}
+
 // retryJob reopens failed job cp at sig.From, or at the step that failed:
 // every step's run count goes back by one, so that the next run of a step
 // the job had reached is its last run again, under the same idempotency
@@ -625,14 +638,7 @@ func retryJob(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now time
 	if from == "" || c.def.Step(from) == nil {
 		return nil
 	}
-	if cp.Steps == nil {
-		cp.Steps = map[string]*schemas.StepRecord{}
-	}
-	for i := range c.def.Steps {
-		if cp.Completed.Has(i) {
-			stepRecord(c, cp, c.def.Steps[i].ID)
-		}
-	}
+	expandRecords(c, cp)
 	for _, rec := range cp.Steps {
 		rec.Runs, rec.RunAttempt = max(0, rec.Runs-1), 0
 		if rec.Status != schemas.StepCompleted {
@@ -700,14 +706,7 @@ func rewindJob(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now tim
 	if c.def.Step(sig.From) == nil || len(sig.State) == 0 {
 		return nil
 	}
-	if cp.Steps == nil {
-		cp.Steps = map[string]*schemas.StepRecord{}
-	}
-	for i := range c.def.Steps {
-		if cp.Completed.Has(i) {
-			stepRecord(c, cp, c.def.Steps[i].ID)
-		}
-	}
+	expandRecords(c, cp)
 	for id, rec := range cp.Steps {
 		rec.Runs, rec.RunAttempt, rec.LastError = sig.Runs[id], 0, nil
 		rec.Status = schemas.StepPending

@@ -228,15 +228,7 @@ func (s *Store) SignalResolved(ctx context.Context, job, key string, rev uint64,
 // duplicate window one signal; a later one finds the job ended and is
 // dropped. It returns the publish error.
 func (s *Store) SignalCancel(ctx context.Context, job, by, reason string) error {
-	sig, err := json.Marshal(schemas.Signal{Job: job, Type: schemas.SignalCancel, By: by, Reason: reason})
-	if err != nil {
-		return err
-	}
-	m := nats.NewMsg(s.Names.InboxSubject(InboxSignal, job))
-	m.Data = sig
-	m.Header.Set(jetstream.MsgIDHeader, job+"/cancel")
-	_, err = s.JS.PublishMsg(ctx, m)
-	return err
+	return s.SendSignal(ctx, schemas.Signal{Job: job, Type: schemas.SignalCancel, By: by, Reason: reason}, job+"/cancel")
 }
 
 // AppendEffectEvent appends the ledger transition typ of rec (ledger

@@ -259,11 +259,10 @@ func (s *Store) RemoveCron(ctx context.Context, name string) error {
 	return nil
 }
 
+// cutToken is subject after prefix, when it starts so and more follows.
 func cutToken(subject, prefix string) (string, bool) {
-	if len(subject) <= len(prefix) || subject[:len(prefix)] != prefix {
-		return "", false
-	}
-	return subject[len(prefix):], true
+	rest, ok := strings.CutPrefix(subject, prefix)
+	return rest, ok && rest != ""
 }
 
 // SendSignal publishes sig to its job's inbox under msgID (dedup within

@@ -2,9 +2,7 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -26,20 +24,7 @@ func TestApprovalExample(t *testing.T) {
 	dir := t.TempDir()
 	nats := "--nats-url=" + srv.URL()
 	env := []string{"WAYMARK_DATA_DIR=" + dir} // where the demo services keep their data
-	run := func(args ...string) (*proc, int) {
-		t.Helper()
-		p := spawn(t, env, bin, append(args, nats)...)
-		select {
-		case <-p.done:
-		case <-time.After(60 * time.Second):
-			t.Fatalf("engine %v did not finish", args)
-		}
-		var ee *exec.ExitError
-		if errors.As(p.err, &ee) {
-			return p, ee.ExitCode()
-		}
-		return p, 0
-	}
+	run := commandRunner(t, env, bin, nats)
 	p, code := run("run", "../../examples/approval/workflow.yaml", "--input", "../../examples/approval/input.json", "--job-id", "refund-1")
 	if code != 4 || !strings.Contains(p.errOut.String(), "waits for approval at gate approve: refund 4000 eur cents to C1 for order A-1042 (digest ") ||
 		!strings.Contains(p.errOut.String(), "engine approve refund-1 approve") {

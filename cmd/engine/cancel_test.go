@@ -1,8 +1,6 @@
 package main
 
 import (
-	"errors"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -24,19 +22,7 @@ func TestCancelCommand(t *testing.T) {
 		t.Fatalf("engine start: %v\n%s", start.err, start.errOut.String())
 	}
 	spawn(t, nil, bin, "serve", nats, "--http=", "--workers=0") // no worker: the turn waits
-	run := func(args ...string) (*proc, int) {
-		p := spawn(t, nil, bin, append(args, nats)...)
-		select {
-		case <-p.done:
-		case <-time.After(60 * time.Second):
-			t.Fatalf("engine %v did not finish", args)
-		}
-		var ee *exec.ExitError
-		if errors.As(p.err, &ee) {
-			return p, ee.ExitCode()
-		}
-		return p, 0
-	}
+	run := commandRunner(t, nil, bin, nats)
 	p, code := run("cancel", "to-cancel", "--by", "ops", "--reason", "not needed")
 	if code != 0 || !strings.Contains(p.out.String(), "job to-cancel cancelled by ops: not needed") {
 		t.Fatalf("cancel: exit %d\n%s%s", code, p.out.String(), p.errOut.String())

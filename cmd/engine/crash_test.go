@@ -113,6 +113,26 @@ func spawn(t *testing.T, env []string, bin string, args ...string) *proc {
 
 // waitKilled waits for the process to die by SIGKILL, as a crash failpoint
 // makes it.
+// commandRunner returns a function that runs the engine binary bin with
+// args and then extra (--nats-url, say), under env, and returns the
+// process and its exit status once it ended (60 s at most).
+func commandRunner(t *testing.T, env []string, bin string, extra ...string) func(args ...string) (*proc, int) {
+	return func(args ...string) (*proc, int) {
+		t.Helper()
+		p := spawn(t, env, bin, append(args, extra...)...)
+		select {
+		case <-p.done:
+		case <-time.After(60 * time.Second):
+			t.Fatalf("engine %v did not finish", args)
+		}
+		var ee *exec.ExitError
+		if errors.As(p.err, &ee) {
+			return p, ee.ExitCode()
+		}
+		return p, 0
+	}
+}
+
 func (p *proc) waitKilled(t *testing.T, timeout time.Duration) {
 	t.Helper()
 	select {

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -31,20 +29,7 @@ func TestSignalCommand(t *testing.T) {
 	if err := os.WriteFile(bad, []byte(`{"amount": "twelve"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	run := func(args ...string) (*proc, int) {
-		t.Helper()
-		p := spawn(t, nil, bin, append(args, nats)...)
-		select {
-		case <-p.done:
-		case <-time.After(60 * time.Second):
-			t.Fatalf("engine %v did not finish", args)
-		}
-		var ee *exec.ExitError
-		if errors.As(p.err, &ee) {
-			return p, ee.ExitCode()
-		}
-		return p, 0
-	}
+	run := commandRunner(t, nil, bin, nats)
 	if p, code := run("signal", "order-7", "paid", "--data", bad, "--start", "testdata/wait-signal.yaml"); code != 2 || !strings.Contains(p.errOut.String(), "does not satisfy the schema of wait step paid") {
 		t.Fatalf("bad data: exit %d %s", code, p.errOut.String())
 	}

@@ -389,35 +389,16 @@ func (a *API) getJob(w http.ResponseWriter, r *http.Request) {
 // "reason"?}); the answer is the job's record once the engine recorded
 // it, 409 when the job had already ended (its record in the body).
 func (a *API) cancelJob(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	if err := client.ValidateJobID(id); err != nil {
-		a.fail(w, r, err)
-		return
-	}
-	data, err := readBody(w, r)
-	if err != nil {
-		a.fail(w, r, err)
-		return
-	}
-	if err := schemas.CheckJSONText(data); err != nil {
-		a.fail(w, r, fmt.Errorf("request body: %w", err))
-		return
-	}
 	var req client.CancelRequest
-	if err := decodeStrict(data, &req); err != nil {
-		a.fail(w, r, err)
+	id, ok := a.decodeJobRequest(w, r, &req)
+	if !ok {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
 	v, err := a.Client.Cancel(ctx, id, req)
-	if errors.Is(err, client.ErrCancelPending) && r.Context().Err() == nil {
-		// No engine recorded it in time: it waits in the job's inbox.
-		writeJSON(w, http.StatusAccepted, map[string]string{"job_id": id, "message": "no engine recorded the cancel within 30s: it waits in the job's inbox, and the next engine to run applies it"})
-		return
-	}
 	if err != nil {
-		a.fail(w, r, err)
+		a.failOrPending(w, r, "cancel", id, err)
 		return
 	}
 	if v.Status != schemas.JobCancelled {
@@ -463,12 +444,10 @@ func (a *API) controlWith(w http.ResponseWriter, r *http.Request, op string, cal
 	defer cancel()
 	v, err := call(ctx, id, req)
 	switch {
-	case errors.Is(err, client.ErrControlPending) && r.Context().Err() == nil:
-		writeJSON(w, http.StatusAccepted, map[string]string{"job_id": id, "message": "no engine recorded the " + op + " within 30s: it waits in the job's inbox, and the next engine to run applies it"})
 	case errors.Is(err, client.ErrApprovalExpired) && v != nil:
 		writeJSON(w, http.StatusConflict, map[string]any{"error": apiError{Code: schemas.CodeApprovalExpired, Message: err.Error()}, "job": v})
 	case err != nil:
-		a.fail(w, r, err)
+		a.failOrPending(w, r, op, id, err)
 	default:
 		writeJSON(w, http.StatusOK, v)
 	}
@@ -509,7 +488,7 @@ func (a *API) rewindJob(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	res, err := a.Client.Rewind(ctx, id, req.To, client.ControlRequest{By: req.By, Reason: req.Reason})
 	if err != nil {
-		a.signalFailed(w, r, id, err)
+		a.failOrPending(w, r, "rewind", id, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, res)
@@ -546,7 +525,7 @@ func (a *API) migrateJob(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	v, err := a.Client.Migrate(ctx, id, req)
 	if err != nil {
-		a.signalFailed(w, r, id, err)
+		a.failOrPending(w, r, "migrate", id, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, v)
@@ -699,19 +678,21 @@ func (a *API) signalJob(w http.ResponseWriter, r *http.Request) {
 		}
 		_, v, rs, err = a.Client.SignalWithStart(ctx, def, in, client.StartOptions{JobID: id, Vars: req.Start.Vars}, sr)
 		if err != nil {
-			a.signalFailed(w, r, id, err)
+			a.failOrPending(w, r, "signal", id, err)
 			return
 		}
 	} else if v, rs, err = a.Client.Signal(ctx, id, sr); err != nil {
-		a.signalFailed(w, r, id, err)
+		a.failOrPending(w, r, "signal", id, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"signal": rs, "job": v})
 }
 
-func (a *API) signalFailed(w http.ResponseWriter, r *http.Request, id string, err error) {
-	if errors.Is(err, client.ErrControlPending) && r.Context().Err() == nil {
-		writeJSON(w, http.StatusAccepted, map[string]string{"job_id": id, "message": "no engine recorded the signal within 30s: it waits in the job's inbox, and the next engine to run applies it"})
+// failOrPending answers err of request op on job id: 202 when no engine
+// recorded the request in time (it waits in the job's inbox), else as fail.
+func (a *API) failOrPending(w http.ResponseWriter, r *http.Request, op, id string, err error) {
+	if (errors.Is(err, client.ErrControlPending) || errors.Is(err, client.ErrCancelPending)) && r.Context().Err() == nil {
+		writeJSON(w, http.StatusAccepted, map[string]string{"job_id": id, "message": "no engine recorded the " + op + " within 30s: it waits in the job's inbox, and the next engine to run applies it"})
 		return
 	}
 	a.fail(w, r, err)

@@ -78,21 +78,7 @@ func TestHTTPAPI(t *testing.T) {
 	c := setup(t)
 	srv := httptest.NewServer((&api.API{Client: c, Checks: []schemas.CheckFunc{engine.Check}}).Handler())
 	t.Cleanup(srv.Close)
-	do := func(method, path, body string) (int, map[string]any) {
-		t.Helper()
-		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
-		resp, err := srv.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		raw, _ := io.ReadAll(resp.Body)
-		var m map[string]any
-		if err := json.Unmarshal(raw, &m); err != nil {
-			t.Fatalf("%s %s: not JSON: %s", method, path, raw)
-		}
-		return resp.StatusCode, m
-	}
+	do := jsonDo(t, srv)
 
 	code, m := do("POST", "/v1/workflows", threeSteps)
 	if code != http.StatusCreated || m["name"] != "three" || len(m["hash"].(string)) != 64 {
@@ -215,6 +201,27 @@ func TestHTTPAPI(t *testing.T) {
 	}
 }
 
+// jsonDo returns a function that sends method path body to srv and
+// returns the status and the JSON object answered (failing t on any other
+// answer).
+func jsonDo(t *testing.T, srv *httptest.Server) func(method, path, body string) (int, map[string]any) {
+	return func(method, path, body string) (int, map[string]any) {
+		t.Helper()
+		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		var m map[string]any
+		if err := json.Unmarshal(raw, &m); err != nil {
+			t.Fatalf("%s %s: not JSON: %s", method, path, raw)
+		}
+		return resp.StatusCode, m
+	}
+}
+
 func toJSON(v any) string {
 	b, _ := json.MarshalIndent(v, "", "  ")
 	return string(b)
@@ -230,21 +237,7 @@ func TestHTTPControlAndApprovals(t *testing.T) {
 	c := setup(t)
 	srv := httptest.NewServer((&api.API{Client: c, Checks: []schemas.CheckFunc{engine.Check}}).Handler())
 	t.Cleanup(srv.Close)
-	do := func(method, path, body string) (int, map[string]any) {
-		t.Helper()
-		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
-		resp, err := srv.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		raw, _ := io.ReadAll(resp.Body)
-		var m map[string]any
-		if err := json.Unmarshal(raw, &m); err != nil {
-			t.Fatalf("%s %s: not JSON: %s", method, path, raw)
-		}
-		return resp.StatusCode, m
-	}
+	do := jsonDo(t, srv)
 	wf := "name: gated\nversion: 1\nsteps:\n  - {id: ok, kind: approval, with: {action: ship, approvers: [alice]}, next: [{to: ship}]}\n  - {id: ship, kind: noop}\n"
 	if code, m := do("POST", "/v1/workflows", wf); code != http.StatusCreated {
 		t.Fatalf("store workflow: %d %v", code, m)
@@ -337,20 +330,8 @@ func TestHTTPSignals(t *testing.T) {
 	c := setup(t)
 	srv := httptest.NewServer((&api.API{Client: c, Checks: []schemas.CheckFunc{engine.Check}}).Handler())
 	t.Cleanup(srv.Close)
-	do := func(path, body string) (int, map[string]any) {
-		t.Helper()
-		resp, err := srv.Client().Post(srv.URL+path, "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		raw, _ := io.ReadAll(resp.Body)
-		var m map[string]any
-		if err := json.Unmarshal(raw, &m); err != nil {
-			t.Fatalf("%s: not JSON: %s", path, raw)
-		}
-		return resp.StatusCode, m
-	}
+	call := jsonDo(t, srv)
+	do := func(path, body string) (int, map[string]any) { t.Helper(); return call("POST", path, body) }
 	wf := "name: waits\nversion: 1\nsteps:\n  - {id: w, kind: wait, with: {signal: go, schema: {type: object, required: [n]}}, save_as: got}\n"
 	if code, m := do("/v1/workflows", wf); code != http.StatusCreated {
 		t.Fatalf("store workflow: %d %v", code, m)

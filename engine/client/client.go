@@ -942,19 +942,9 @@ func (c *Client) Cancel(ctx context.Context, id string, r CancelRequest) (*JobVi
 			return nil, fmt.Errorf("cancel job %s: %w", id, err)
 		}
 		// Until it ends: a job waiting for a person is stopped, not ended.
-		var final *schemas.Checkpoint
-		err := c.store.Checkpoints.Watch(ctx, id, func(e kv.Entry, err error) bool {
-			if err == nil && e.Checkpoint.Status.Terminal() {
-				final = e.Checkpoint
-				return false
-			}
-			return true
-		})
-		if final == nil {
-			if err == nil {
-				err = ctx.Err()
-			}
-			return nil, fmt.Errorf("cancel job %s: wait for the engine: %w: %w", id, ErrCancelPending, err)
+		final, err := c.await(ctx, "cancel", id, func(cp *schemas.Checkpoint) bool { return cp.Status.Terminal() }, ErrCancelPending)
+		if err != nil {
+			return nil, err
 		}
 		ent.Checkpoint = final
 	}

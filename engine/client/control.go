@@ -88,8 +88,19 @@ func (c *Client) send(ctx context.Context, op string, sig schemas.Signal, msgID 
 	if err := c.store.SendSignal(ctx, sig, msgID); err != nil {
 		return nil, fmt.Errorf("%s job %s: %w", op, sig.Job, err)
 	}
+	final, err := c.await(ctx, op, sig.Job, done, ErrControlPending)
+	if err != nil {
+		return nil, err
+	}
+	def, _ := c.store.Definitions.Get(ctx, final.DefinitionHash)
+	return c.view(ctx, final, def), nil
+}
+
+// await waits (until ctx ends) for a checkpoint of job for which done
+// holds and returns it; pending (wrapped with ctx's error) when none came.
+func (c *Client) await(ctx context.Context, op, job string, done func(*schemas.Checkpoint) bool, pending error) (*schemas.Checkpoint, error) {
 	var final *schemas.Checkpoint
-	err := c.store.Checkpoints.Watch(ctx, sig.Job, func(e kv.Entry, err error) bool {
+	err := c.store.Checkpoints.Watch(ctx, job, func(e kv.Entry, err error) bool {
 		if err == nil && done(e.Checkpoint) {
 			final = e.Checkpoint
 			return false
@@ -100,10 +111,16 @@ func (c *Client) send(ctx context.Context, op string, sig schemas.Signal, msgID 
 		if err == nil {
 			err = ctx.Err()
 		}
-		return nil, fmt.Errorf("%s job %s: wait for the engine: %w: %w", op, sig.Job, ErrControlPending, err)
+		return nil, fmt.Errorf("%s job %s: wait for the engine: %w: %w", op, job, pending, err)
 	}
-	def, _ := c.store.Definitions.Get(ctx, final.DefinitionHash)
-	return c.view(ctx, final, def), nil
+	return final, nil
+}
+
+// newRequestID is a random id for a request (16 hex digits).
+func newRequestID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // control sends sig, a control request for job cp, under an id of its own
@@ -112,9 +129,7 @@ func (c *Client) send(ctx context.Context, op string, sig schemas.Signal, msgID 
 // job is no longer one sig applies to (ErrNotApplicable, naming that
 // request).
 func (c *Client) control(ctx context.Context, op string, cp *schemas.Checkpoint, sig schemas.Signal, other func(*schemas.Checkpoint) bool) (*JobView, error) {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	sig.ID = hex.EncodeToString(b[:])
+	sig.ID = newRequestID()
 	mine := false
 	var first *schemas.ControlRecord
 	v, err := c.send(ctx, op, sig, cp.MsgPrefix()+"/control/"+sig.ID, func(n *schemas.Checkpoint) bool {
@@ -488,9 +503,7 @@ func prepareSignal(id string, r SignalRequest) (SignalRequest, any, error) {
 		return r, nil, schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: %v", id, err)
 	}
 	if r.ID == "" {
-		var b [8]byte
-		_, _ = rand.Read(b[:])
-		r.ID = hex.EncodeToString(b[:])
+		r.ID = newRequestID()
 	} else if err := schemas.CheckSignalName(r.ID); err != nil {
 		return r, nil, schemas.Errorf(schemas.CodeInputInvalid, "signal job %s: id %q: want 1 to 64 letters, digits, '_' and '-'", id, r.ID)
 	}

@@ -203,6 +203,18 @@ func checkBy(cmd *cobra.Command, by *string) error {
 	return nil
 }
 
+// saying makes the call of a control op that says what it did as done
+// "by WHO: WHY".
+func saying(call func(*client.Client, context.Context, string, client.ControlRequest) (*client.JobView, error), done string) func(context.Context, *client.Client, string, client.ControlRequest) (*client.JobView, string, error) {
+	return func(ctx context.Context, c *client.Client, id string, r client.ControlRequest) (*client.JobView, string, error) {
+		v, err := call(c, ctx, id, r)
+		if err != nil {
+			return nil, "", err
+		}
+		return v, done + " " + who(r.By, r.Reason), nil
+	}
+}
+
 func who(by, reason string) string {
 	s := "by " + by
 	if reason != "" {
@@ -257,14 +269,8 @@ first (the request waits in the job's inbox).
 With --workflow and/or --status (default running) instead of JOB, every job
 selected is paused (--dry-run lists them and changes nothing).`,
 		bulkStatus: schemas.JobRunning,
-		call: func(ctx context.Context, c *client.Client, id string, r client.ControlRequest) (*client.JobView, string, error) {
-			v, err := c.Pause(ctx, id, r)
-			if err != nil {
-				return nil, "", err
-			}
-			return v, "paused " + who(r.By, r.Reason), nil
-		},
-		applies: func(s client.JobSummary) bool { return !s.Status.Terminal() },
+		call:       saying((*client.Client).Pause, "paused"),
+		applies:    func(s client.JobSummary) bool { return !s.Status.Terminal() },
 	})
 }
 
@@ -279,13 +285,7 @@ paused; 130 when --timeout passes first.
 
 With --workflow and/or --status instead of JOB, every paused job selected is
 resumed (--dry-run lists the jobs it would try).`,
-		call: func(ctx context.Context, c *client.Client, id string, r client.ControlRequest) (*client.JobView, string, error) {
-			v, err := c.Resume(ctx, id, r)
-			if err != nil {
-				return nil, "", err
-			}
-			return v, "resumed " + who(r.By, r.Reason), nil
-		},
+		call:    saying((*client.Client).Resume, "resumed"),
 		applies: func(s client.JobSummary) bool { return !s.Status.Terminal() },
 	})
 }

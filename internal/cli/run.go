@@ -472,20 +472,27 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 	return nil
 }
 
-// approvalHint tells how to decide a gate after engine run stopped at it:
-// as resolveHint, with engine approve and engine reject.
-func approvalHint(g *globals, f *runFlags, job, gate string, bundled bool) string {
-	var extra string
+// hintFlags are the flags a hint's commands need: extra for every command
+// (a prefix of its own), serveFlags for engine serve (and the services the
+// run had).
+func hintFlags(g *globals, f *runFlags, bundled bool) (extra, serveFlags string) {
 	if g.prefix != kv.DefaultPrefix {
 		extra = " --prefix " + shellQuote(g.prefix)
 	}
-	serveFlags := extra
+	serveFlags = extra
 	if bundled {
 		serveFlags += " --demo"
 	}
 	for _, svc := range f.steps.Services {
 		serveFlags += " --service " + shellQuote(svc)
 	}
+	return extra, serveFlags
+}
+
+// approvalHint tells how to decide a gate after engine run stopped at it:
+// as resolveHint, with engine approve and engine reject.
+func approvalHint(g *globals, f *runFlags, job, gate string, bundled bool) string {
+	extra, serveFlags := hintFlags(g, f, bundled)
 	decide := fmt.Sprintf("`engine approve %s %s%s` (or `engine reject`)", shellQuote(job), shellQuote(gate), extra)
 	if g.natsURL != "" {
 		return fmt.Sprintf("Decide with %s and --nats-url %s; a running engine goes on with the job", decide, shellQuote(g.natsURL))
@@ -500,17 +507,7 @@ func approvalHint(g *globals, f *runFlags, job, gate string, bundled bool) strin
 // that reach the same services to resume the job. bundled says whether the
 // run started bundled demo services.
 func resolveHint(g *globals, f *runFlags, key string, bundled bool) string {
-	var extra string
-	if g.prefix != kv.DefaultPrefix {
-		extra = " --prefix " + shellQuote(g.prefix)
-	}
-	serveFlags := extra
-	if bundled {
-		serveFlags += " --demo"
-	}
-	for _, svc := range f.steps.Services {
-		serveFlags += " --service " + shellQuote(svc)
-	}
+	extra, serveFlags := hintFlags(g, f, bundled)
 	resolve := fmt.Sprintf("`engine effects resolve %s%s --happened [--external-id ID] [--result FILE]` or `engine effects resolve %s%s --not-happened`",
 		shellQuote(key), extra, shellQuote(key), extra)
 	if g.natsURL != "" {
