@@ -101,7 +101,10 @@ func BindGlobals(cmd *cobra.Command, natsURL, creds, prefix, logLevel, logFormat
 	f.StringVar(prefix, "prefix", EnvOr("WAYMARK_PREFIX", kv.DefaultPrefix), "prefix of every stream, bucket and subject (env WAYMARK_PREFIX)")
 	f.StringVar(logLevel, "log-level", EnvOr("WAYMARK_LOG_LEVEL", "warn"), "log level: debug, info, warn, error (env WAYMARK_LOG_LEVEL)")
 	f.StringVar(logFormat, "log-format", EnvOr("WAYMARK_LOG_FORMAT", "text"), "log format: text or json (env WAYMARK_LOG_FORMAT)")
-	f.SetNormalizeFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
+	// Global, so that --server also parses on the flag sets cobra merges
+	// the persistent flags into (every subcommand's, and cmd's own): on
+	// the persistent set alone the alias was never consulted.
+	cmd.SetGlobalNormalizationFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
 		if name == "server" {
 			name = "nats-url"
 		}

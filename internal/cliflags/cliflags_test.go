@@ -3,6 +3,8 @@ package cliflags
 import (
 	"testing"
 	"time"
+
+	"github.com/spf13/cobra"
 )
 
 func TestReconnectDelayBacksOff(t *testing.T) {
@@ -20,5 +22,28 @@ func TestReconnectDelayBacksOff(t *testing.T) {
 				t.Fatalf("ReconnectDelay(%d) = %v, want within [%v, %v]", tc.attempt, got, tc.want*4/5, tc.want)
 			}
 		}
+	}
+}
+
+func TestServerAliasParses(t *testing.T) {
+	t.Parallel()
+	// --server is the nats CLI's name for --nats-url: it must parse on the
+	// command that binds the globals and on its subcommands.
+	root := &cobra.Command{Use: "root"}
+	var g Globals
+	g.Bind(root)
+	sub := &cobra.Command{Use: "sub", RunE: func(*cobra.Command, []string) error { return nil }}
+	root.AddCommand(sub)
+	for _, tc := range []struct {
+		name string
+		cmd  *cobra.Command
+	}{{"root", root}, {"sub", sub}} {
+		if err := tc.cmd.ParseFlags([]string{"--server", "nats://example:4222"}); err != nil {
+			t.Fatalf("%s: --server: %v", tc.name, err)
+		}
+		if g.NATSURL != "nats://example:4222" {
+			t.Fatalf("%s: --server set NATSURL %q", tc.name, g.NATSURL)
+		}
+		g.NATSURL = ""
 	}
 }
