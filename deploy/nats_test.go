@@ -14,12 +14,14 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/waymark-dev/waymark/internal/testsupport"
 	"github.com/waymark-dev/waymark/kv"
 )
 
@@ -268,5 +270,54 @@ func TestNATSServerUnitConfig(t *testing.T) {
 	}
 	if !opts.JetStream || len(opts.Routes) != 3 || opts.ServerName != "nats-1" {
 		t.Errorf("nats-server.service: JetStream %v, %d routes, name %q: want the cluster config", opts.JetStream, len(opts.Routes), opts.ServerName)
+	}
+}
+
+// freePort returns a loopback port nothing listens on at the moment.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func TestNATSClusterConfigFormsACluster(t *testing.T) {
+	// Three servers from cluster.conf, as parsed (TLS on clients and
+	// routes, JetStream, accounts), on loopback: only the addresses and
+	// the store are moved. The routes must come up over mutual TLS.
+	dir := natsTree(t)
+	t.Setenv("NATS_SERVER_NAME", "nats-1")
+	ports := []int{freePort(t), freePort(t), freePort(t)}
+	var servers []*server.Server
+	for i := range ports {
+		opts := loadNATS(t, dir, "cluster.conf")
+		opts.ServerName = "nats-" + string(rune('1'+i))
+		opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", -1, -1
+		opts.Cluster.Host, opts.Cluster.Port = "127.0.0.1", ports[i]
+		opts.Routes = nil
+		for _, p := range ports {
+			opts.Routes = append(opts.Routes, server.RoutesFromStr("nats-route://127.0.0.1:"+strconv.Itoa(p))...)
+		}
+		opts.StoreDir = t.TempDir()
+		opts.NoSigs, opts.NoLog = true, true
+		srv, err := server.NewServer(opts)
+		if err != nil {
+			t.Fatalf("cluster.conf node %d: %v", i+1, err)
+		}
+		servers = append(servers, srv)
+		go srv.Start()
+		defer srv.Shutdown()
+	}
+	for _, srv := range servers {
+		// NumRemotes counts the other servers (NumRoutes counts pooled
+		// connections, several per server).
+		testsupport.Eventually(t, 10*time.Second, func() bool { return srv.NumRemotes() == len(servers)-1 },
+			"cluster.conf: %s is not routed to the %d other servers (routes over mutual TLS)", srv.Name(), len(servers)-1)
+		if !srv.JetStreamEnabled() {
+			t.Errorf("cluster.conf: %s: JetStream not enabled", srv.Name())
+		}
 	}
 }
