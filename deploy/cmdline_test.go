@@ -118,7 +118,7 @@ func parseCommandLine(t *testing.T, where string, argv []string) *commandLine {
 	if err := cmd.ValidateArgs(cmd.Flags().Args()); err != nil {
 		t.Fatalf("%s: %s: %v", where, cmd.CommandPath(), err)
 	}
-	if cmd.Runnable() == false || cmd.HasAvailableSubCommands() {
+	if !cmd.Runnable() || cmd.HasAvailableSubCommands() {
 		t.Fatalf("%s: %q runs no command (a group: name one of its subcommands)", where, cmd.CommandPath())
 	}
 	return cl
