@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -156,4 +157,23 @@ func (d *Definitions) remember(def *schemas.Definition) {
 		}
 	}
 	d.cache[def.Hash] = def
+}
+
+// Workflows returns the name of every workflow with a stored definition
+// (the name.<workflow> pointers), in no particular order. It reads the
+// keys only; Latest gives each one's definition. Errors: the listing's,
+// wrapped.
+func (d *Definitions) Workflows(ctx context.Context) ([]string, error) {
+	lister, err := d.kv.ListKeysFiltered(ctx, "name.*")
+	if err != nil {
+		return nil, fmt.Errorf("list workflows: %w", err)
+	}
+	var names []string
+	for k := range lister.Keys() {
+		names = append(names, strings.TrimPrefix(k, "name."))
+	}
+	if err := lister.Stop(); err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+		return nil, fmt.Errorf("list workflows: %w", err)
+	}
+	return names, nil
 }

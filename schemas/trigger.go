@@ -154,10 +154,10 @@ func CompileTrigger(t Trigger) (*CompiledTrigger, error) {
 	return c, nil
 }
 
-// Filter evaluates the trigger's filter over env: true when it has none.
+// Accepts evaluates the trigger's filter over env: true when it has none.
 // Errors: the expression failed on this event (ErrInputInvalid naming the
 // trigger).
-func (c *CompiledTrigger) Filter(env TriggerEnv) (bool, error) {
+func (c *CompiledTrigger) Accepts(env TriggerEnv) (bool, error) {
 	if c.filter == nil {
 		return true, nil
 	}
@@ -169,10 +169,10 @@ func (c *CompiledTrigger) Filter(env TriggerEnv) (bool, error) {
 	return ok, nil
 }
 
-// Input maps the event in env to a job input (compact JSON). Errors:
+// Map maps the event in env to a job input (compact JSON). Errors:
 // ErrInputInvalid when an expression fails on the event, or the input is
 // not a JSON object.
-func (c *CompiledTrigger) Input(env TriggerEnv) (json.RawMessage, error) {
+func (c *CompiledTrigger) Map(env TriggerEnv) (json.RawMessage, error) {
 	var v any
 	switch {
 	case c.whole != nil:
