@@ -168,12 +168,12 @@ func (d *Definitions) Workflows(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list workflows: %w", err)
 	}
+	// The lister's subscription ends by itself once every key came; Stop
+	// only matters when the loop is left early.
+	defer func() { _ = lister.Stop() }()
 	var names []string
 	for k := range lister.Keys() {
 		names = append(names, strings.TrimPrefix(k, "name."))
-	}
-	if err := lister.Stop(); err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
-		return nil, fmt.Errorf("list workflows: %w", err)
 	}
 	return names, nil
 }

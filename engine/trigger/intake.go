@@ -74,6 +74,7 @@ type Intake struct {
 	loaded time.Time
 
 	accepted, duplicate, unmatched, invalid, refused atomic.Uint64
+	loads                                            atomic.Uint64 // tables read
 }
 
 // New returns an Intake. Errors: a Config without Store.
@@ -152,12 +153,12 @@ type Rule struct {
 // pointers the input schema refused) or schemas.CodeTooLarge. It matches
 // the sentinel of its code with errors.Is.
 type Refusal struct {
-	Code      schemas.Code     `json:"code"`
-	Message   string           `json:"message"`
-	Attribute string           `json:"attribute,omitempty"`
-	Trigger   string           `json:"trigger,omitempty"`
+	Code      schemas.Code      `json:"code"`
+	Message   string            `json:"message"`
+	Attribute string            `json:"attribute,omitempty"`
+	Trigger   string            `json:"trigger,omitempty"`
 	Problems  []schemas.Problem `json:"problems,omitempty"`
-	Triggers  []Rule           `json:"triggers,omitempty"`
+	Triggers  []Rule            `json:"triggers,omitempty"`
 }
 
 // Error returns "code: message".
@@ -194,12 +195,15 @@ func (in *Intake) Accept(ctx context.Context, ev *event.Event) (*Answer, error) 
 		in.invalid.Add(1)
 		return nil, err
 	}
+	before := in.loads.Load()
 	tab, err := in.table(ctx, false)
 	if err != nil {
 		return nil, fmt.Errorf("event %q from %q: %w", ref.ID, ref.Source, err)
 	}
 	hits, err := tab.match(ev, env)
-	if err == nil && len(hits) == 0 && !tab.fresh(in.now()) {
+	if err == nil && len(hits) == 0 && in.loads.Load() == before {
+		// The table may predate a workflow stored just now: read it again
+		// before saying no (unless this call just did).
 		if tab, err = in.table(ctx, true); err == nil {
 			hits, err = tab.match(ev, env)
 		}
@@ -316,15 +320,15 @@ func (in *Intake) table(ctx context.Context, force bool) (*table, error) {
 	if err != nil {
 		return nil, err
 	}
-	tab.at = now
 	in.tab, in.loaded = tab, now
+	in.loads.Add(1)
 	return tab, nil
 }
 
 // rule is one live trigger: the definition it belongs to, compiled.
 type rule struct {
-	def          *schemas.Definition
-	trig         *schemas.CompiledTrigger
+	def                *schemas.Definition
+	trig               *schemas.CompiledTrigger
 	inputSchema, state *schemas.Validator
 }
 
@@ -345,12 +349,7 @@ func (r *rule) input(env schemas.TriggerEnv) (json.RawMessage, error) {
 // table is the live rules at one moment.
 type table struct {
 	rules []*rule
-	at    time.Time
 }
-
-// fresh reports whether t was read just now (an event no rule took need
-// not read it again).
-func (t *table) fresh(now time.Time) bool { return now.Sub(t.at) < 50*time.Millisecond }
 
 // loadTable reads every workflow's latest definition and compiles its
 // triggers; prev's compiled rules of unchanged definitions are kept.

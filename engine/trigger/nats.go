@@ -40,6 +40,8 @@ type natsMessage struct {
 	format  format.Format
 }
 
+var _ binding.MessageMetadataReader = (*natsMessage)(nil)
+
 func newNATSMessage(m *nats.Msg) *natsMessage {
 	nm := &natsMessage{hdr: map[string]string{}, data: m.Data}
 	for k, v := range m.Header {
@@ -104,6 +106,33 @@ func (m *natsMessage) ReadBinary(ctx context.Context, w binding.BinaryWriter) er
 	}
 	if len(m.data) > 0 {
 		return w.SetData(bytes.NewReader(m.data))
+	}
+	return nil
+}
+
+// GetAttribute implements binding.MessageMetadataReader.
+func (m *natsMessage) GetAttribute(k spec.Kind) (spec.Attribute, any) {
+	if m.version == nil {
+		return nil, nil
+	}
+	attr := m.version.AttributeFromKind(k)
+	if attr == nil {
+		return nil, nil
+	}
+	name := attr.PrefixedName()
+	if k == spec.DataContentType {
+		name = "content-type"
+	}
+	if v, ok := m.hdr[name]; ok {
+		return attr, v
+	}
+	return attr, nil
+}
+
+// GetExtension implements binding.MessageMetadataReader.
+func (m *natsMessage) GetExtension(name string) any {
+	if v, ok := m.hdr["ce-"+strings.ToLower(name)]; ok {
+		return v
 	}
 	return nil
 }
