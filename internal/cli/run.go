@@ -22,8 +22,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/waymark-dev/waymark/engine"
-	"github.com/waymark-dev/waymark/engine/trigger"
 	"github.com/waymark-dev/waymark/engine/client"
+	"github.com/waymark-dev/waymark/engine/trigger"
 	"github.com/waymark-dev/waymark/internal/cliflags"
 	"github.com/waymark-dev/waymark/internal/demo"
 	"github.com/waymark-dev/waymark/internal/failpoint"
