@@ -31,6 +31,8 @@ const (
 	MaxEventBytes = 1 << 20
 	// MaxBatch caps the events of one batch-mode request.
 	MaxBatch = 100
+	// DefaultNATSConcurrency is Config.NATSConcurrency's default.
+	DefaultNATSConcurrency = 16
 )
 
 // Config configures an Intake.
@@ -49,6 +51,9 @@ type Config struct {
 	// Timeout bounds the handling of one event over HTTP or NATS. 0:
 	// DefaultTimeout.
 	Timeout time.Duration
+	// NATSConcurrency is how many NATS requests one Subscribe handles at
+	// once (one queue subscription each). 0: DefaultNATSConcurrency.
+	NATSConcurrency int
 }
 
 // Intake turns CloudEvents into jobs: it matches an event against the
@@ -69,6 +74,8 @@ type Intake struct {
 	timeout time.Duration
 	now     func() time.Time
 
+	natsConcurrency int
+
 	mu     sync.Mutex
 	tab    *table
 	loaded time.Time
@@ -77,10 +84,14 @@ type Intake struct {
 	loads                                            atomic.Uint64 // tables read
 }
 
-// New returns an Intake. Errors: a Config without Store.
+// New returns an Intake. Errors: a Config without Store, or a negative
+// Timeout or NATSConcurrency.
 func New(cfg Config) (*Intake, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("trigger intake: config: Store is required")
+	}
+	if cfg.Timeout < 0 || cfg.NATSConcurrency < 0 {
+		return nil, fmt.Errorf("trigger intake: config: timeout %v, NATS concurrency %d: want 0 (the default) or more", cfg.Timeout, cfg.NATSConcurrency)
 	}
 	if cfg.Client == nil {
 		cfg.Client = client.New(cfg.Store)
@@ -94,7 +105,11 @@ func New(cfg Config) (*Intake, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
-	return &Intake{store: cfg.Store, client: cfg.Client, log: cfg.Logger, refresh: cfg.Refresh, timeout: cfg.Timeout, now: time.Now}, nil
+	if cfg.NATSConcurrency <= 0 {
+		cfg.NATSConcurrency = DefaultNATSConcurrency
+	}
+	return &Intake{store: cfg.Store, client: cfg.Client, log: cfg.Logger, refresh: cfg.Refresh, timeout: cfg.Timeout,
+		natsConcurrency: cfg.NATSConcurrency, now: time.Now}, nil
 }
 
 // Stats are an Intake's counters since it was made.
@@ -240,6 +255,10 @@ func (in *Intake) Accept(ctx context.Context, ev *event.Event) (*Answer, error) 
 		case errors.Is(err, schemas.ErrInputInvalid), errors.Is(err, schemas.ErrTooLarge):
 			in.refused.Add(1)
 			return nil, refusal(h, err)
+		case res.JobID != "" && !res.Attached:
+			// Stored, its start request not published: an engine starts
+			// it within its reconcile interval. The job exists; go on.
+			in.log.Warn("trigger: job stored, start request not published", "job", id, "err", err)
 		default:
 			return nil, fmt.Errorf("event %q from %q: trigger %s of %s: %w", ref.ID, ref.Source, h.trig.Name, h.def.Name, err)
 		}

@@ -147,15 +147,56 @@ func (m *natsMessage) Finish(error) error { return nil }
 // Answer, or {"error": Refusal} with the headers Nats-Service-Error-Code
 // (the HTTP status, as for the engine's NATS service) and
 // Nats-Service-Error. A message without a reply subject is handled all
-// the same (its outcome is only logged). Stop serving with the returned
-// subscription's Drain or Unsubscribe.
-func (in *Intake) Subscribe(nc *nats.Conn) (*nats.Subscription, error) {
+// the same (its outcome is only logged). Config.NATSConcurrency
+// requests are handled at once, each queue subscription one at a time.
+// Stop serving with the returned Subscriptions' Drain or Unsubscribe (or
+// the connection's Drain, which waits for the requests in hand).
+func (in *Intake) Subscribe(nc *nats.Conn) (Subscriptions, error) {
 	subject := in.store.Names.TriggerPrefix + ">"
-	sub, err := nc.QueueSubscribe(subject, QueueGroup, in.handleNATS)
-	if err != nil {
+	subs := make(Subscriptions, 0, in.natsConcurrency)
+	for range in.natsConcurrency {
+		sub, err := nc.QueueSubscribe(subject, QueueGroup, in.handleNATS)
+		if err != nil {
+			_ = subs.Unsubscribe()
+			return nil, fmt.Errorf("subscribe to %s: %w", subject, err)
+		}
+		subs = append(subs, sub)
+	}
+	// The server knows of the subscriptions once the flush returns: a
+	// request sent after Subscribe finds a responder.
+	if err := nc.Flush(); err != nil {
+		_ = subs.Unsubscribe()
 		return nil, fmt.Errorf("subscribe to %s: %w", subject, err)
 	}
-	return sub, nil
+	return subs, nil
+}
+
+// Subscriptions are the NATS subscriptions of one Subscribe.
+type Subscriptions []*nats.Subscription
+
+// Unsubscribe ends every subscription at once; a request in hand still
+// completes. It returns the first error.
+func (s Subscriptions) Unsubscribe() error {
+	var first error
+	for _, sub := range s {
+		if err := sub.Unsubscribe(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// Drain drains every subscription (nats.Subscription.Drain): no new
+// requests, those received are handled. It does not wait. It returns the
+// first error.
+func (s Subscriptions) Drain() error {
+	var first error
+	for _, sub := range s {
+		if err := sub.Drain(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 func (in *Intake) handleNATS(m *nats.Msg) {

@@ -645,20 +645,22 @@ func TestEventRetention(t *testing.T) {
 	}
 }
 
-// BenchmarkIntake measures events accepted per second over HTTP (binary
-// mode, 8 requests in flight per CPU), each a new
+// BenchmarkIntake measures events accepted per second over HTTP and over
+// NATS (binary mode, 8 requests in flight per CPU), each a new
 // event that starts a job (its index entry and pending checkpoint stored,
 // its start request published) and writes its dedup record before it is
 // answered; under sync=always every one of those writes is fsynced.
 //
 //	go test ./engine/trigger -run '^$' -bench Intake -benchtime 3000x
 func BenchmarkIntake(b *testing.B) {
-	for _, sync := range []string{natsserver.SyncInterval, natsserver.SyncAlways} {
-		b.Run("sync="+sync, func(b *testing.B) { benchIntake(b, sync) })
+	for _, transport := range []string{"http", "nats"} {
+		for _, sync := range []string{natsserver.SyncInterval, natsserver.SyncAlways} {
+			b.Run(transport+"/sync="+sync, func(b *testing.B) { benchIntake(b, transport, sync) })
+		}
 	}
 }
 
-func benchIntake(b *testing.B, sync string) {
+func benchIntake(b *testing.B, transport, sync string) {
 	srv := testsupport.StartServer(b, testsupport.ServerOptions{Sync: sync})
 	// What engine serve runs with on an embedded server: group commits
 	// under sync always.
@@ -676,12 +678,33 @@ func benchIntake(b *testing.B, sync string) {
 	}
 	hs := httptest.NewServer(in)
 	defer hs.Close()
+	subs, err := in.Subscribe(srv.Conn(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = subs.Unsubscribe() }()
+	nc := srv.Conn(b)
 	var n atomic.Int64
 	b.SetParallelism(8)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			i := n.Add(1)
+			if transport == "nats" {
+				ev := event.New()
+				ev.SetID(fmt.Sprintf("bench-%d", i))
+				ev.SetSource("/shop/eu")
+				ev.SetType("com.example.order.created")
+				_ = ev.SetData("application/json", []byte(orderData))
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				_, err := trigger.Send(ctx, nc, "waymark", &ev)
+				cancel()
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				continue
+			}
 			req, _ := http.NewRequest(http.MethodPost, hs.URL, bytes.NewReader([]byte(orderData)))
 			for k, v := range binary(fmt.Sprintf("bench-%d", i), "/shop/eu") {
 				req.Header.Set(k, v)
