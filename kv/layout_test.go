@@ -26,6 +26,8 @@ func TestNamesFor(t *testing.T) {
 		want.HistoryStream:                           "WAYMARK_HISTORY",
 		want.EngineConsumer:                          "waymark-engine",
 		want.JobsBucket:                              "waymark_jobs",
+		want.EventBucket:                             "waymark_events",
+		want.TriggerPrefix:                           "waymark.trigger.",
 		want.WorkSubject("gpu", "job-1"):             "waymark.work.gpu.job-1",
 		want.WorkFilter("gpu"):                       "waymark.work.gpu.*",
 		want.EffectHistorySubject("job-1"):           "waymark.history.job-1.effects",
