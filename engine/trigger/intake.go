@@ -474,8 +474,9 @@ func (t *table) noTrigger(ev *event.Event) *Refusal {
 }
 
 // eventEnv is what ev's trigger expressions see (schemas.TriggerEnv).
-// Data whose content type is JSON (or unset) is decoded; other data is
-// its text. Errors: a *Refusal for JSON data that does not decode.
+// Data whose content type is JSON is decoded; data without a content type
+// is decoded when it is JSON; other data is its text. Errors: a *Refusal
+// for data said to be JSON that does not decode.
 func eventEnv(ev *event.Event) (schemas.TriggerEnv, error) {
 	m := map[string]any{
 		"specversion": ev.SpecVersion(),
@@ -497,14 +498,19 @@ func eventEnv(ev *event.Event) (schemas.TriggerEnv, error) {
 	}
 	if data := ev.Data(); len(data) > 0 {
 		ct := ev.DataContentType()
-		if isJSON(ct) {
-			var v any
+		var v any
+		switch {
+		case ct == "" && json.Unmarshal(data, &v) == nil:
+			m["data"] = v // no content type: JSON when it parses, else text
+		case ct == "":
+			m["data"] = string(data)
+		case isJSON(ct):
 			if err := json.Unmarshal(data, &v); err != nil {
 				return schemas.TriggerEnv{}, &Refusal{Code: schemas.CodeEventInvalid, Attribute: "data",
 					Message: fmt.Sprintf("data: the content type is %s but the data is not JSON: %v", orNone(ct), err)}
 			}
 			m["data"] = v
-		} else {
+		default:
 			m["data"] = string(data)
 		}
 	}
@@ -532,15 +538,14 @@ func orNone(ct string) string {
 	return ct
 }
 
-// isJSON reports whether data of content type ct is JSON: unset (the
-// structured JSON format's default), application/json, text/json or a
-// +json suffix.
+// isJSON reports whether data of content type ct is JSON:
+// application/json, text/json or a +json suffix (parameters ignored).
 func isJSON(ct string) bool {
 	if i := strings.IndexByte(ct, ';'); i >= 0 {
 		ct = ct[:i]
 	}
 	ct = strings.ToLower(strings.TrimSpace(ct))
-	return ct == "" || ct == "application/json" || ct == "text/json" || strings.HasSuffix(ct, "+json")
+	return ct == "application/json" || ct == "text/json" || strings.HasSuffix(ct, "+json")
 }
 
 // invalidEvent turns sdk-go's complaint about an event into a Refusal
