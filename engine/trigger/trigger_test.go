@@ -174,6 +174,20 @@ func inputOf(v *client.JobView) map[string]any {
 	return m
 }
 
+// wantJobs waits until the job index lists n jobs of workflow orders (it
+// follows the checkpoints: a job that just completed moves from its active
+// entry to its ended one) and fails the test if it never does.
+func (b *bundle) wantJobs(t *testing.T, n int) {
+	t.Helper()
+	var got []string
+	testsupport.Eventually(t, 20*time.Second, func() bool { got = b.jobs(t); return len(got) == n }, "jobs %v, want %d", lazy{&got}, n)
+}
+
+// lazy prints a slice as it is when the message is formatted.
+type lazy struct{ v *[]string }
+
+func (l lazy) String() string { return fmt.Sprint(*l.v) }
+
 // jobs lists the ids of workflow orders' jobs in the index.
 func (b *bundle) jobs(t *testing.T) []string {
 	t.Helper()
@@ -326,9 +340,7 @@ func TestSameEventTwice(t *testing.T) {
 	}
 	b.waitCompleted(t, first.Jobs[0].JobID)
 	b.waitCompleted(t, other.Jobs[0].JobID)
-	if got := b.jobs(t); len(got) != 2 {
-		t.Fatalf("jobs %v, want 2", got)
-	}
+	b.wantJobs(t, 2)
 	if s := b.intake.Stats(); s.Accepted != 2 || s.Duplicate != 2 {
 		t.Errorf("stats %+v, want 2 accepted and 2 duplicates", s)
 	}
@@ -374,9 +386,7 @@ func TestDedupOutlivesJobAndRestart(t *testing.T) {
 	if after.status != http.StatusAccepted || after.Jobs[0].JobID != job || !after.Jobs[0].Duplicate {
 		t.Fatalf("after a restart: %d %+v, want job %s as a duplicate", after.status, after.Jobs, job)
 	}
-	if got := b.jobs(t); len(got) != 0 {
-		t.Fatalf("jobs after the restart %v, want none", got)
-	}
+	b.wantJobs(t, 0)
 }
 
 // TestCrashBeforeRecord: a delivery that started its job and died before
@@ -403,9 +413,7 @@ func TestCrashBeforeRecord(t *testing.T) {
 	if err != nil || len(rec.Jobs) != 1 || rec.Jobs[0].JobID != id {
 		t.Fatalf("record %+v, %v", rec, err)
 	}
-	if got := b.jobs(t); len(got) != 1 {
-		t.Fatalf("jobs %v, want 1", got)
-	}
+	b.wantJobs(t, 1)
 }
 
 // TestConcurrentDeliveries: the same event delivered by many requests at
@@ -434,9 +442,7 @@ func TestConcurrentDeliveries(t *testing.T) {
 			t.Fatalf("answers name jobs %v, want one", ids)
 		}
 	}
-	if got := b.jobs(t); len(got) != 1 {
-		t.Fatalf("jobs %v, want 1", got)
-	}
+	b.wantJobs(t, 1)
 }
 
 // TestBatch: a batch-mode request starts each event's jobs and answers one
