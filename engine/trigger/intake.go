@@ -16,6 +16,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/types"
 
 	"github.com/waymark-dev/waymark/engine/client"
+	"github.com/waymark-dev/waymark/internal/failpoint"
 	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
 )
@@ -54,6 +55,9 @@ type Config struct {
 	// NATSConcurrency is how many NATS requests one Subscribe handles at
 	// once (one queue subscription each). 0: DefaultNATSConcurrency.
 	NATSConcurrency int
+	// Failpoints injects faults (failpoint.TriggerAfterStart) for crash
+	// tests; nil: none.
+	Failpoints *failpoint.Set
 }
 
 // Intake turns CloudEvents into jobs: it matches an event against the
@@ -75,6 +79,7 @@ type Intake struct {
 	now     func() time.Time
 
 	natsConcurrency int
+	fp              *failpoint.Set
 
 	mu     sync.Mutex
 	tab    *table
@@ -109,7 +114,7 @@ func New(cfg Config) (*Intake, error) {
 		cfg.NATSConcurrency = DefaultNATSConcurrency
 	}
 	return &Intake{store: cfg.Store, client: cfg.Client, log: cfg.Logger, refresh: cfg.Refresh, timeout: cfg.Timeout,
-		natsConcurrency: cfg.NATSConcurrency, now: time.Now}, nil
+		natsConcurrency: cfg.NATSConcurrency, fp: cfg.Failpoints, now: time.Now}, nil
 }
 
 // Stats are an Intake's counters since it was made.
@@ -266,6 +271,7 @@ func (in *Intake) Accept(ctx context.Context, ev *event.Event) (*Answer, error) 
 		answer.Jobs = append(answer.Jobs, JobAnswer{Trigger: h.trig.Name, Workflow: h.def.Name, JobID: id, Duplicate: res.Attached})
 		rec.Jobs = append(rec.Jobs, schemas.EventJob{Trigger: h.trig.Name, Workflow: h.def.Name, JobID: id})
 	}
+	in.fp.Inject(ctx, failpoint.TriggerAfterStart)
 	got, created, err := in.store.Events.Create(ctx, rec)
 	if err != nil {
 		return nil, fmt.Errorf("event %q from %q: jobs started, not recorded (deliver it again: it attaches to them): %w", ref.ID, ref.Source, err)

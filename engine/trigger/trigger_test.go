@@ -152,6 +152,9 @@ func binary(id, source string) map[string]string {
 
 const orderData = `{"order_id": "o-1", "amount": 10}`
 
+// decodeJSON decodes an HTTP answer's body into v.
+func decodeJSON(resp *http.Response, v any) error { return json.NewDecoder(resp.Body).Decode(v) }
+
 // waitCompleted waits for job id to complete and returns its record.
 func (b *bundle) waitCompleted(t *testing.T, id string) *client.JobView {
 	t.Helper()

@@ -171,7 +171,7 @@ func (g *globals) startStack(ctx context.Context, emb *embeddedFlags, o stackOpt
 			return fail(err)
 		}
 		s.goRun(runCtx, s.engine.Run)
-		if s.intake, err = trigger.New(trigger.Config{Store: s.store, Logger: o.log}); err != nil {
+		if s.intake, err = trigger.New(trigger.Config{Store: s.store, Logger: o.log, Failpoints: fp}); err != nil {
 			return fail(err)
 		}
 		if _, err := s.intake.Subscribe(s.nc); err != nil {
