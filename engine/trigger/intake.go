@@ -193,9 +193,11 @@ func (r *Refusal) Is(target error) bool {
 // Accept takes one CloudEvent (already decoded by a binding; it is
 // validated here). It returns once every job the event starts is durably
 // recorded and the event's dedup record is written. Errors: a *Refusal
-// (nothing started, nothing recorded), or a storage error wrapped with
-// the event's source and id (the event may have started some of its jobs:
-// deliver it again, which attaches to them).
+// (nothing recorded; nothing started, but for one case: an event two
+// rules take whose second input Start refuses for its size, after the
+// first job started), or a storage error wrapped with the event's source
+// and id (the event may have started some of its jobs: deliver it again,
+// which attaches to them).
 func (in *Intake) Accept(ctx context.Context, ev *event.Event) (*Answer, error) {
 	if err := ev.Validate(); err != nil {
 		in.invalid.Add(1)
@@ -362,6 +364,11 @@ func (r *rule) input(env schemas.TriggerEnv) (json.RawMessage, error) {
 	env.Vars = r.def.Vars
 	raw, err := r.trig.Map(env)
 	if err != nil {
+		return nil, refusal(r, err)
+	}
+	// What Start refuses of the text, refused here, before any job of the
+	// event starts.
+	if err := schemas.CheckStartText(raw, nil); err != nil {
 		return nil, refusal(r, err)
 	}
 	checked, err := schemas.CheckJobInput(raw, r.inputSchema, r.state)
