@@ -177,3 +177,19 @@ func (d *Definitions) Workflows(ctx context.Context) ([]string, error) {
 	}
 	return names, nil
 }
+
+// LastRevision returns the definitions bucket's last revision (its
+// stream's last sequence): it changes whenever anything is stored in the
+// bucket, so a reader that cached what it listed knows whether to list
+// again. Errors: the bucket's status, wrapped.
+func (d *Definitions) LastRevision(ctx context.Context) (uint64, error) {
+	st, err := d.kv.Status(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("definitions bucket status: %w", err)
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok {
+		return 0, fmt.Errorf("definitions bucket status: unexpected type %T", st)
+	}
+	return bs.StreamInfo().State.LastSeq, nil
+}

@@ -45,9 +45,10 @@ type Config struct {
 	// Logger; nil: slog.Default().
 	Logger *slog.Logger
 	// Refresh is how long the table of live triggers (those of each
-	// workflow's latest stored definition) is reused; an event no rule of
-	// the table takes reloads it first, so a workflow stored just now is
-	// never missed. 0: DefaultRefresh; negative: reload for every event.
+	// workflow's latest stored definition) is reused; before an event no
+	// rule of the table takes is refused, the table is read again if the
+	// definitions bucket changed since, so a workflow stored just now is
+	// never missed. 0: DefaultRefresh; negative: read it for every event.
 	Refresh time.Duration
 	// Timeout bounds the handling of one event over HTTP or NATS. 0:
 	// DefaultTimeout.
@@ -225,8 +226,10 @@ func (in *Intake) Accept(ctx context.Context, ev *event.Event) (*Answer, error) 
 	hits, err := tab.match(ev, env)
 	if err == nil && len(hits) == 0 && in.loads.Load() == before {
 		// The table may predate a workflow stored just now: read it again
-		// before saying no (unless this call just did).
-		if tab, err = in.table(ctx, true); err == nil {
+		// before saying no, unless this call just did or the definitions
+		// bucket has not changed since (one status request: a flood of
+		// unmatched events does not list the bucket each time).
+		if tab, err = in.reloadIfChanged(ctx, tab); err == nil {
 			hits, err = tab.match(ev, env)
 		}
 	}
@@ -343,13 +346,31 @@ func (in *Intake) table(ctx context.Context, force bool) (*table, error) {
 	if !force && in.tab != nil && in.refresh > 0 && now.Sub(in.loaded) < in.refresh {
 		return in.tab, nil
 	}
+	rev, err := in.store.Definitions.LastRevision(ctx)
+	if err != nil {
+		return nil, err
+	}
 	tab, err := loadTable(ctx, in.store, in.log, in.tab)
 	if err != nil {
 		return nil, err
 	}
+	tab.rev = rev // read first: anything stored during the listing changes it
 	in.tab, in.loaded = tab, now
 	in.loads.Add(1)
 	return tab, nil
+}
+
+// reloadIfChanged returns tab, or a table read again when the definitions
+// bucket changed since tab was read.
+func (in *Intake) reloadIfChanged(ctx context.Context, tab *table) (*table, error) {
+	rev, err := in.store.Definitions.LastRevision(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if rev == tab.rev {
+		return tab, nil
+	}
+	return in.table(ctx, true)
 }
 
 // rule is one live trigger: the definition it belongs to, compiled.
@@ -381,6 +402,7 @@ func (r *rule) input(env schemas.TriggerEnv) (json.RawMessage, error) {
 // table is the live rules at one moment.
 type table struct {
 	rules []*rule
+	rev   uint64 // the definitions bucket's last revision when it was read
 }
 
 // loadTable reads every workflow's latest definition and compiles its
