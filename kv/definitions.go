@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -156,4 +157,39 @@ func (d *Definitions) remember(def *schemas.Definition) {
 		}
 	}
 	d.cache[def.Hash] = def
+}
+
+// Workflows returns the name of every workflow with a stored definition
+// (the name.<workflow> pointers), in no particular order. It reads the
+// keys only; Latest gives each one's definition. Errors: the listing's,
+// wrapped.
+func (d *Definitions) Workflows(ctx context.Context) ([]string, error) {
+	lister, err := d.kv.ListKeysFiltered(ctx, "name.*")
+	if err != nil {
+		return nil, fmt.Errorf("list workflows: %w", err)
+	}
+	// The lister's subscription ends by itself once every key came; Stop
+	// only matters when the loop is left early.
+	defer func() { _ = lister.Stop() }()
+	var names []string
+	for k := range lister.Keys() {
+		names = append(names, strings.TrimPrefix(k, "name."))
+	}
+	return names, nil
+}
+
+// LastRevision returns the definitions bucket's last revision (its
+// stream's last sequence): it changes whenever anything is stored in the
+// bucket, so a reader that cached what it listed knows whether to list
+// again. Errors: the bucket's status, wrapped.
+func (d *Definitions) LastRevision(ctx context.Context) (uint64, error) {
+	st, err := d.kv.Status(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("definitions bucket status: %w", err)
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok {
+		return 0, fmt.Errorf("definitions bucket status: unexpected type %T", st)
+	}
+	return bs.StreamInfo().State.LastSeq, nil
 }

@@ -9,6 +9,7 @@
 //	bucket   waymark_effects       key <idempotency key> effect record (the ledger)
 //	bucket   waymark_definitions   key <sha256 hex>     canonical definition JSON
 //	                               key name.<workflow>  hash of the latest stored version
+//	bucket   waymark_events        key e.<sha256 hex>   a CloudEvent's dedup record (TTL: EventRetention)
 //	stream   WAYMARK_WORK          waymark.work.<pool>  step messages (work queue)
 //	stream   WAYMARK_INBOX         waymark.inbox.<kind>.<job>  starts and results (work queue)
 //	stream   WAYMARK_HISTORY       waymark.history.<job>       CloudEvents, one per transition

@@ -33,6 +33,9 @@ const (
 	DefaultMaxMessageBytes = 1 << 20
 	DefaultValueThreshold  = 64 << 10
 	DefaultMaxJobState     = 64 << 20
+	// DefaultEventRetention is how long the events bucket remembers a
+	// CloudEvent that started jobs (its dedup record).
+	DefaultEventRetention = 7 * 24 * time.Hour
 )
 
 // Queue storages.
@@ -132,6 +135,14 @@ type Config struct {
 	// state with every reference counted as the value it names
 	// (schemas.LogicalSize). Default 64 MiB; at least ValueThreshold.
 	MaxJobStateBytes int64 `json:"max_job_state_bytes,omitempty"`
+	// EventRetention is the TTL of the events bucket: how long the dedup
+	// record of a CloudEvent that started jobs (its source and id, the
+	// jobs it started) is kept, so that the same event delivered again
+	// within it answers those jobs and starts nothing. Default 7 days
+	// (env WAYMARK_EVENT_RETENTION); at least 1s. Past it, a delivery of
+	// the same event attaches to its job as long as the job is kept
+	// (JobRetention), its id being derived from the event.
+	EventRetention time.Duration `json:"event_retention,omitempty"`
 }
 
 var prefixRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,31}$`)
@@ -176,6 +187,9 @@ func (c Config) WithDefaults() Config {
 	if c.MaxJobStateBytes == 0 {
 		c.MaxJobStateBytes = DefaultMaxJobState
 	}
+	if c.EventRetention == 0 {
+		c.EventRetention = DefaultEventRetention
+	}
 	return c
 }
 
@@ -209,6 +223,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("kv config: value threshold %d: want at least 1024 bytes (0 means the default, %d)", c.ValueThreshold, DefaultValueThreshold)
 	case int64(c.ValueThreshold) >= int64(c.MaxMessageBytes)/2:
 		return fmt.Errorf("kv config: value threshold %d: want below half the max message bytes (%d), so that a step message or result holding members up to the threshold fits", c.ValueThreshold, c.MaxMessageBytes)
+	case c.EventRetention < time.Second:
+		return fmt.Errorf("kv config: event retention %v: want at least 1s (0 means the default, %v)", c.EventRetention, DefaultEventRetention)
 	case c.MaxJobStateBytes < int64(c.ValueThreshold):
 		return fmt.Errorf("kv config: max job state %d bytes: want at least the value threshold (%d) (0 means the default, %d)", c.MaxJobStateBytes, c.ValueThreshold, DefaultMaxJobState)
 	}
@@ -224,6 +240,8 @@ type Names struct {
 	LimitsBucket      string // waymark_limits: providers' rate limits, shared by workers
 	StoreBucket       string // waymark_store: the session store, read and written across jobs
 	ValueBucket       string // waymark_values: object store of large state values
+	EventBucket       string // waymark_events: dedup records of CloudEvents that started jobs
+	TriggerPrefix     string // waymark.trigger.: CloudEvents intake over NATS (request/reply)
 	WorkStream        string // WAYMARK_WORK
 	InboxStream       string // WAYMARK_INBOX
 	HistoryStream     string // WAYMARK_HISTORY
@@ -249,6 +267,8 @@ func NamesFor(prefix string) Names {
 		LimitsBucket:      prefix + "_limits",
 		StoreBucket:       prefix + "_store",
 		ValueBucket:       prefix + "_values",
+		EventBucket:       prefix + "_events",
+		TriggerPrefix:     prefix + ".trigger.",
 		WorkStream:        up + "_WORK",
 		InboxStream:       up + "_INBOX",
 		HistoryStream:     up + "_HISTORY",
@@ -330,6 +350,7 @@ type Store struct {
 	Values      *Values       // large state values by reference
 	Limits      *Limits       // providers' rate limits, shared by workers
 	Session     *SessionStore // the session store (store steps, engine store)
+	Events      *Events       // dedup records of CloudEvents that started jobs
 	log         *slog.Logger
 	// backfill: the job index was made by this Open, over a deployment
 	// that may already hold checkpoints (an upgrade from layout 1).
@@ -614,6 +635,13 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 	}
 	if s.Session == nil {
 		s.Session = &SessionStore{kv: session}
+	}
+	events, err := s.ensureEventBucket(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if s.Events == nil {
+		s.Events = &Events{kv: events}
 	}
 	queues, recorded, err := s.queueStorage(ctx, defs)
 	if err != nil {

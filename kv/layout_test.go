@@ -26,6 +26,8 @@ func TestNamesFor(t *testing.T) {
 		want.HistoryStream:                           "WAYMARK_HISTORY",
 		want.EngineConsumer:                          "waymark-engine",
 		want.JobsBucket:                              "waymark_jobs",
+		want.EventBucket:                             "waymark_events",
+		want.TriggerPrefix:                           "waymark.trigger.",
 		want.WorkSubject("gpu", "job-1"):             "waymark.work.gpu.job-1",
 		want.WorkFilter("gpu"):                       "waymark.work.gpu.*",
 		want.EffectHistorySubject("job-1"):           "waymark.history.job-1.effects",
@@ -94,6 +96,9 @@ func TestConfigValidate(t *testing.T) {
 		{name: "negative work ack wait", edit: func(c *kv.Config) { c.WorkAckWait = -time.Second }, wantField: "work ack wait"},
 		{name: "short job retention", edit: func(c *kv.Config) { c.JobRetention = time.Minute }},
 		{name: "jobs kept forever", edit: func(c *kv.Config) { c.JobRetention = -1 }},
+		{name: "events kept an hour", edit: func(c *kv.Config) { c.EventRetention = time.Hour }},
+		{name: "events kept under a second", edit: func(c *kv.Config) { c.EventRetention = time.Millisecond }, wantField: "event retention"},
+		{name: "negative event retention", edit: func(c *kv.Config) { c.EventRetention = -time.Hour }, wantField: "event retention"},
 	}
 	for _, r := range rows {
 		t.Run(r.name, func(t *testing.T) {
@@ -120,6 +125,7 @@ func TestConfigValidate(t *testing.T) {
 			Prefix: "waymark", Replicas: 1, Duplicates: 2 * time.Minute, InboxAckWait: 30 * time.Second,
 			WorkAckWait: 30 * time.Second, WorkMaxDeliver: 20, MaxAckPending: 20000, MaxValueBytes: 1 << 20,
 			MaxMessageBytes: 1 << 20, JobRetention: 30 * 24 * time.Hour, ValueThreshold: 64 << 10, MaxJobStateBytes: 64 << 20,
+			EventRetention: 7 * 24 * time.Hour,
 		}
 		if got != want {
 			t.Errorf("WithDefaults = %+v, want %+v", got, want)
@@ -252,8 +258,8 @@ func TestOpenCreatesLayout(t *testing.T) {
 			t.Errorf("bucket %s: history %d, max value %d, storage %v", bucket, c.MaxMsgsPerSubject, c.MaxMsgSize, c.Storage)
 		}
 	}
-	if got := streamNames(t, b.js); len(got) != 12 {
-		t.Errorf("streams = %v, want 5 streams, 6 buckets and the value bucket", got)
+	if got := streamNames(t, b.js); len(got) != 13 {
+		t.Errorf("streams = %v, want 5 streams, 7 buckets and the value bucket", got)
 	}
 
 	eng := consumerInfo(t, b.js, n.InboxStream, n.EngineConsumer).Config

@@ -102,6 +102,10 @@ type Definition struct {
 	Assets   map[string]json.RawMessage `json:"assets,omitempty"` // file contents by asset name, embedded at load
 	Defaults StepDefaults               `json:"defaults,omitzero"`
 	Steps    []Step                     `json:"steps"`
+	// Triggers are the CloudEvents rules that start jobs of this
+	// workflow's latest stored definition (engine/trigger); none: jobs
+	// start only when asked.
+	Triggers []Trigger `json:"triggers,omitempty"`
 
 	// Hash is the hex SHA-256 of the canonical JSON of every field above. It
 	// is not part of the encoded form.

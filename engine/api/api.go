@@ -49,6 +49,8 @@ const MaxRequestBytes = 8 << 20
 //	GET  /v1/effects?job=&state=    → {"effects": [...]} (state: prepared, dispatched, confirmed, ambiguous, reconciled)
 //	GET  /v1/effects/{key}          → one effect record (the key may contain '/')
 //	POST /v1/effects/resolve        {"key", "happened", "external_id"?, "result"?, "by", "note"?} → the reconciled record
+//	POST /v1/events                 a CloudEvent (binary, structured or batch mode) → 202 {event, jobs}; see trigger.Intake.ServeHTTP (when Events is set)
+//	GET  /v1/triggers               → {"triggers": [...]} the live trigger rules (when Events is set)
 //	GET  /healthz                   → {"status": "ok"}
 //
 // Errors are {"error": {"code", "message", "problems"?}} with 400 for bad
@@ -62,6 +64,9 @@ type API struct {
 	// conditions, known kinds); see schemas.LoadOptions.
 	Checks []schemas.CheckFunc
 	Logger *slog.Logger
+	// Events, when set, serves POST /v1/events (CloudEvents intake) and
+	// GET /v1/triggers (the live trigger rules): a *trigger.Intake.
+	Events http.Handler
 }
 
 // Handler returns the API's routes.
@@ -90,6 +95,10 @@ func (a *API) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/effects", a.listEffects)
 	mux.HandleFunc("GET /v1/effects/{key...}", a.getEffect)
 	mux.HandleFunc("POST /v1/effects/resolve", a.resolveEffect)
+	if a.Events != nil {
+		mux.Handle("POST /v1/events", a.Events)
+		mux.Handle("GET /v1/triggers", a.Events)
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})

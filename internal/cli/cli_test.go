@@ -486,6 +486,8 @@ func TestBadEnvironmentIsAUsageError(t *testing.T) {
 		{"WAYMARK_INBOX_ACK_WAIT", "-1s", []string{"list"}, `WAYMARK_INBOX_ACK_WAIT="-1s": kv config: inbox ack wait -1s`},
 		{"WAYMARK_JOB_RETENTION", "-1h", []string{"start", quickstart, "--input", input}, `WAYMARK_JOB_RETENTION="-1h": want a positive duration, or 0 to keep finished jobs forever`},
 		{"WAYMARK_EFFECT_RETENTION", "720h", []string{"list"}, `WAYMARK_EFFECT_RETENTION="720h": renamed`},
+		{"WAYMARK_EVENT_RETENTION", "10ms", []string{"events", "send", "--type", "t", "--source", "/s"}, `WAYMARK_EVENT_RETENTION="10ms": want a duration of at least 1s`},
+		{"WAYMARK_EVENT_RETENTION", "week", []string{"list"}, `WAYMARK_EVENT_RETENTION="week": time: invalid duration`},
 		{"WAYMARK_HISTORY_MAX_AGE", "-1h", []string{"history", "j"}, `WAYMARK_HISTORY_MAX_AGE="-1h"`},
 		{"WAYMARK_DUPLICATES", "10ms", []string{"list"}, `WAYMARK_DUPLICATES="10ms"`},
 		{"WAYMARK_WORK_MAX_DELIVER", "1", []string{"list"}, `WAYMARK_WORK_MAX_DELIVER="1"`},

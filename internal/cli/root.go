@@ -32,7 +32,7 @@ where it stopped without performing a step's side effect twice.`,
 	root.SetErr(stderr)
 	root.AddCommand(newRunCmd(g), newServeCmd(g), newStartCmd(g), newStatusCmd(g), newListCmd(g),
 		newHistoryCmd(g), newWatchCmd(g), newTranscriptCmd(g), newCancelCmd(g), newPauseCmd(g), newResumeCmd(g), newRetryCmd(g),
-		newDecisionCmd(g, true), newDecisionCmd(g, false), newSignalCmd(g), newInspectCmd(g), newRewindCmd(g), newForkCmd(g), newScheduleCmd(g), newMigrateCmd(g), newStoreCmd(g), newValidateCmd(g), newBenchCmd(g), newEffectsCmd(g), newCrashtestCmd(g))
+		newDecisionCmd(g, true), newDecisionCmd(g, false), newSignalCmd(g), newInspectCmd(g), newRewindCmd(g), newForkCmd(g), newScheduleCmd(g), newMigrateCmd(g), newStoreCmd(g), newValidateCmd(g), newBenchCmd(g), newEffectsCmd(g), newCrashtestCmd(g), newEventsCmd(g), newTriggersCmd(g))
 	w := NewWorkerCommand(stdout, stderr, nil)
 	w.Short = "Run a worker in this process (same as the worker binary)"
 	root.AddCommand(w)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/waymark-dev/waymark/engine"
 	"github.com/waymark-dev/waymark/engine/client"
+	"github.com/waymark-dev/waymark/engine/trigger"
 	"github.com/waymark-dev/waymark/internal/cliflags"
 	"github.com/waymark-dev/waymark/internal/demo"
 	"github.com/waymark-dev/waymark/internal/failpoint"
@@ -96,6 +97,7 @@ type stack struct {
 	srv      *natsserver.Server
 	store    *kv.Store
 	engine   *engine.Engine
+	intake   *trigger.Intake // CloudEvents intake, with an engine: on <prefix>.trigger.> and the HTTP API
 	workers  []*steps.Worker
 	services []runningService
 	cancel   context.CancelFunc
@@ -169,6 +171,12 @@ func (g *globals) startStack(ctx context.Context, emb *embeddedFlags, o stackOpt
 			return fail(err)
 		}
 		s.goRun(runCtx, s.engine.Run)
+		if s.intake, err = trigger.New(trigger.Config{Store: s.store, Logger: o.log, Failpoints: fp}); err != nil {
+			return fail(err)
+		}
+		if _, err := s.intake.Subscribe(s.nc); err != nil {
+			return fail(err)
+		}
 	}
 	if o.workers > 0 {
 		w, err := steps.NewWorker(steps.WorkerConfig{Store: s.store, Env: o.env, Concurrency: o.workers, Logger: o.log, Failpoints: fp})

@@ -20,6 +20,7 @@ import (
 	"github.com/waymark-dev/waymark/engine"
 	"github.com/waymark-dev/waymark/engine/api"
 	"github.com/waymark-dev/waymark/engine/client"
+	"github.com/waymark-dev/waymark/engine/trigger"
 	"github.com/waymark-dev/waymark/internal/demo"
 	"github.com/waymark-dev/waymark/schemas"
 	"github.com/waymark-dev/waymark/steps"
@@ -107,6 +108,7 @@ func serve(ctx context.Context, g *globals, f *serveFlags) error {
 	}
 	defer func() { _ = svc.Stop() }() // before the stack stops
 	fmt.Fprintf(out, "nats service: %s (engine control on %s.api.job.*)\n", api.ServiceName, st.store.Config.Prefix)
+	fmt.Fprintf(out, "cloudevents: request/reply on %s> (binary mode)\n", st.store.Names.TriggerPrefix)
 	var srv *http.Server
 	if f.http != "" {
 		ln, err := net.Listen("tcp", f.http)
@@ -116,10 +118,14 @@ func serve(ctx context.Context, g *globals, f *serveFlags) error {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		registerEngineMetrics(reg, st.engine)
+		registerIntakeMetrics(reg, st.intake)
 		for _, w := range st.workers {
 			registerWorkerMetrics(reg, w)
 		}
 		api := &api.API{Client: client.New(st.store), Logger: log, Checks: []schemas.CheckFunc{engine.Check, steps.Builtins().CheckAnyWorker(env, f.steps.allowKinds...)}}
+		if st.intake != nil {
+			api.Events = st.intake
+		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.Handle("/", api.Handler())
@@ -143,6 +149,24 @@ func serve(ctx context.Context, g *globals, f *serveFlags) error {
 		cancel()
 	}
 	return runErr
+}
+
+// registerIntakeMetrics exposes the CloudEvents intake's counters as
+// waymark_events_<counter>_total.
+func registerIntakeMetrics(reg *prometheus.Registry, in *trigger.Intake) {
+	if in == nil {
+		return
+	}
+	counter := func(name, help string, get func(trigger.Stats) uint64) {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: "waymark", Subsystem: "events", Name: name + "_total", Help: help,
+		}, func() float64 { return float64(get(in.Stats())) }))
+	}
+	counter("accepted", "CloudEvents that started jobs.", func(s trigger.Stats) uint64 { return s.Accepted })
+	counter("duplicate", "CloudEvents delivered again: answered with the jobs they started before, nothing started.", func(s trigger.Stats) uint64 { return s.Duplicate })
+	counter("unmatched", "Valid CloudEvents no live trigger took (answered no_trigger).", func(s trigger.Stats) uint64 { return s.Unmatched })
+	counter("invalid", "Requests that were not valid CloudEvents (answered 400 or 415).", func(s trigger.Stats) uint64 { return s.Invalid })
+	counter("refused", "CloudEvents whose mapped input the workflow refused (input schema, a failing expression).", func(s trigger.Stats) uint64 { return s.Refused })
 }
 
 // registerEngineMetrics exposes the engine's counters as Prometheus

@@ -309,6 +309,12 @@ var kvEnv = []struct {
 		c.MaxJobStateBytes = int64(n)
 		return nil
 	}},
+	{"WAYMARK_EVENT_RETENTION", func(c *kv.Config, v string) (err error) {
+		if c.EventRetention, err = time.ParseDuration(v); err == nil && c.EventRetention < time.Second {
+			err = fmt.Errorf("want a duration of at least 1s, such as 168h")
+		}
+		return
+	}},
 	{"WAYMARK_EFFECT_RETENTION", func(c *kv.Config, v string) error {
 		return fmt.Errorf("renamed: effect records are now removed with their job; set WAYMARK_JOB_RETENTION")
 	}},

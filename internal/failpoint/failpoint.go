@@ -45,12 +45,16 @@ const (
 	WorkerAfterRemoteCommit   = "worker.after_remote_commit"   // the external call returned, the ledger not yet confirmed
 	WorkerAfterConfirm        = "worker.after_confirm"         // the ledger was confirmed, the result not yet published
 	WorkerAfterResultPublish  = "worker.after_result_publish"  // the result was published, the step message not yet acknowledged
+	// TriggerAfterStart: a CloudEvent's jobs were started (stored), its
+	// dedup record not yet written (engine/trigger).
+	TriggerAfterStart = "trigger.after_start"
 )
 
 // Known lists every point, for validation and for crash matrices.
 var Known = []string{
 	EngineAfterIntake, EngineBeforeCheckpoint, EngineAfterCheckpoint, EngineAfterDispatch, EngineAfterResultReceived,
 	WorkerAfterReceive, WorkerAfterPrepared, WorkerAfterRemoteCommit, WorkerAfterConfirm, WorkerAfterResultPublish,
+	TriggerAfterStart,
 }
 
 type action struct {
