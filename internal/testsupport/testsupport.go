@@ -5,13 +5,16 @@ package testsupport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -150,8 +153,9 @@ var (
 func Binary(t testing.TB, name string) string {
 	t.Helper()
 	buildOnce.Do(func() {
-		buildDir, buildErr = os.MkdirTemp("", "waymark-bin-")
-		if buildErr != nil {
+		removeStaleBinaries()
+		buildDir = filepath.Join(os.TempDir(), "waymark-bin-"+strconv.Itoa(os.Getpid()))
+		if buildErr = os.MkdirAll(buildDir, 0o755); buildErr != nil {
 			return
 		}
 		root := ModuleRoot()
@@ -168,6 +172,23 @@ func Binary(t testing.TB, name string) string {
 		t.Fatal(buildErr)
 	}
 	return filepath.Join(buildDir, name)
+}
+
+// removeStaleBinaries removes the build directories of test processes
+// that are gone: a test binary cannot remove its own when it is killed
+// (a timeout, ^C), and each holds about 190 MB.
+func removeStaleBinaries() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "waymark-bin-*"))
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(d), "waymark-bin-"))
+		if err != nil || pid <= 0 || !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+			continue // not a process id, or its process lives
+		}
+		if fi, err := os.Stat(d); err != nil || time.Since(fi.ModTime()) < time.Hour {
+			continue // perhaps another naming's live directory
+		}
+		os.RemoveAll(d)
+	}
 }
 
 // ModuleRoot returns the repository's root directory.
