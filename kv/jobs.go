@@ -411,20 +411,6 @@ func (j *Jobs) Page(ctx context.Context, f IndexFilter, before, snapshot uint64,
 	}
 	first := max(state.FirstSeq, 1)
 	subjects := f.subjects(j)
-	// Jobs that moved since the snapshot, at their old positions.
-	var moved []IndexEntry
-	if snapshot < state.LastSeq {
-		since, err := j.readRange(ctx, subjects, snapshot+1, state.LastSeq+1)
-		if err != nil {
-			return nil, 0, err
-		}
-		for _, e := range since {
-			if e.FromRev != 0 && e.FromRev <= snapshot && e.FromRev < hi {
-				e.Pos = e.FromRev
-				moved = append(moved, e)
-			}
-		}
-	}
 	var out []IndexEntry
 	lo := hi
 	win := uint64(max(4*limit, 64))
@@ -448,9 +434,28 @@ func (j *Jobs) Page(ctx context.Context, f IndexFilter, before, snapshot uint64,
 	if lo <= first {
 		lo = 0 // the start: an old position may lie before the stream's first message now
 	}
-	for _, e := range moved {
-		if e.Pos >= lo {
-			out = append(out, e)
+	// Jobs that moved since the snapshot, at their old positions. The
+	// index is read again after the ranges above: a job that moved while
+	// they were read was gone from its old place and not yet in range.
+	info, err := st.Info(ctx)
+	if err != nil {
+		return nil, 0, fmt.Errorf("list jobs: %w", err)
+	}
+	if last := info.State.LastSeq; snapshot < last {
+		since, err := j.readRange(ctx, subjects, snapshot+1, last+1)
+		if err != nil {
+			return nil, 0, err
+		}
+		listed := make(map[string]bool, len(out))
+		for _, e := range out {
+			listed[e.Job] = true
+		}
+		for _, e := range since {
+			if e.FromRev != 0 && e.FromRev <= snapshot && e.FromRev < hi && e.FromRev >= lo && !listed[e.Job] {
+				e.Pos = e.FromRev
+				listed[e.Job] = true
+				out = append(out, e)
+			}
 		}
 	}
 	slices.SortFunc(out, func(a, b IndexEntry) int { return cmp.Compare(b.Pos, a.Pos) })

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -436,4 +437,58 @@ func TestCreateAfterDeleteOrPurge(t *testing.T) {
 			t.Fatalf("create after Delete: %v", err)
 		}
 	})
+}
+
+// TestPageWhileJobsEnd: a listing read while jobs end lists each job once.
+// A job that ends between the listing's snapshot and its reads is gone
+// from its active place and written past the snapshot; it must be found
+// at its old position all the same.
+func TestPageWhileJobsEnd(t *testing.T) {
+	b := setup(t, kv.Config{})
+	const n = 60
+	cps := make([]*schemas.Checkpoint, n)
+	revs := make([]uint64, n)
+	for i := range cps {
+		cps[i] = &schemas.Checkpoint{JobID: fmt.Sprintf("j%02d", i), Workflow: "w", Version: 1, Status: schemas.JobRunning, CreatedAt: time.Now()}
+		rev, err := b.store.Jobs.CreateActive(ctx(t), cps[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		revs[i] = rev
+	}
+	done := make(chan error, 1)
+	go func() {
+		for i, cp := range cps {
+			end := *cp
+			end.Status = schemas.JobCompleted
+			if err := b.store.Jobs.End(ctx(t), &end, revs[i]); err != nil {
+				done <- fmt.Errorf("end %s: %w", cp.JobID, err)
+				return
+			}
+		}
+		done <- nil
+	}()
+	for listing := 0; ; listing++ {
+		page, _, err := b.store.Jobs.Page(ctx(t), kv.IndexFilter{Workflow: "w"}, 0, 0, 2*n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]int{}
+		for _, e := range page {
+			seen[e.Job]++
+		}
+		for _, cp := range cps {
+			if seen[cp.JobID] != 1 {
+				t.Fatalf("listing %d: job %s listed %d times (%d entries)", listing, cp.JobID, seen[cp.JobID], len(page))
+			}
+		}
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			return
+		default:
+		}
+	}
 }
