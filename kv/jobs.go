@@ -434,6 +434,15 @@ func (j *Jobs) Page(ctx context.Context, f IndexFilter, before, snapshot uint64,
 	if lo <= first {
 		lo = 0 // the start: an old position may lie before the stream's first message now
 	}
+	// A job that ended between its two index writes has both entries at
+	// the snapshot: the newer one stands for it.
+	slices.SortFunc(out, func(a, b IndexEntry) int { return cmp.Compare(b.Revision, a.Revision) })
+	listed := make(map[string]bool, len(out))
+	out = slices.DeleteFunc(out, func(e IndexEntry) bool {
+		dup := listed[e.Job]
+		listed[e.Job] = true
+		return dup
+	})
 	// Jobs that moved since the snapshot, at their old positions. The
 	// index is read again after the ranges above: a job that moved while
 	// they were read was gone from its old place and not yet in range.
@@ -445,10 +454,6 @@ func (j *Jobs) Page(ctx context.Context, f IndexFilter, before, snapshot uint64,
 		since, err := j.readRange(ctx, subjects, snapshot+1, last+1)
 		if err != nil {
 			return nil, 0, err
-		}
-		listed := make(map[string]bool, len(out))
-		for _, e := range out {
-			listed[e.Job] = true
 		}
 		for _, e := range since {
 			if e.FromRev != 0 && e.FromRev <= snapshot && e.FromRev < hi && e.FromRev >= lo && !listed[e.Job] {
