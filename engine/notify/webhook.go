@@ -114,14 +114,13 @@ func (c SinkConfig) WithDefaults() SinkConfig {
 	return c
 }
 
-// Validate reports the first bad field of c (after WithDefaults),
-// naming the sink. It never quotes the secret.
+// Validate reports the first bad field of c (after WithDefaults) but
+// Store, naming the sink. It never quotes the secret, nor the URL's user
+// info or query.
 func (c SinkConfig) Validate() error {
 	where := fmt.Sprintf("webhook %q", c.Name)
 	u, uerr := url.Parse(c.URL)
 	switch {
-	case c.Store == nil:
-		return fmt.Errorf("%s: config has no Store", where)
 	case !sinkNameRE.MatchString(c.Name):
 		return fmt.Errorf("%s: name: want 1-32 lower-case letters, digits, '-' or '_', starting with a letter or digit", where)
 	case uerr != nil:
@@ -220,12 +219,15 @@ type SinkStats struct {
 	GivenUp   uint64 `json:"given_up"`  // events given up after MaxAttempts or MaxAge
 }
 
-// NewSink checks cfg (SinkConfig.Validate) and returns a Sink; Run starts
-// it.
+// NewSink checks cfg (SinkConfig.Validate, and that it has a Store) and
+// returns a Sink; Run starts it.
 func NewSink(cfg SinkConfig) (*Sink, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if cfg.Store == nil {
+		return nil, fmt.Errorf("webhook %q: config has no Store", cfg.Name)
 	}
 	cfg.Types, _ = ParseTypes(cfg.Types)
 	wh, err := standardwebhooks.NewWebhook(strings.TrimSpace(cfg.Secret))
