@@ -59,13 +59,13 @@ type SinkConfig struct {
 	// Timeout bounds one request. Default DefaultSinkTimeout.
 	Timeout time.Duration
 	// MinBackoff is the delay before the second attempt of an event; each
-	// later one doubles it, up to MaxBackoff. A Retry-After header of a
-	// 429 or 503 answer asks for a longer delay (up to MaxBackoff).
+	// later one doubles it, up to MaxBackoff. A Retry-After header (in
+	// seconds) of an answer retried asks for a longer delay (up to MaxBackoff).
 	// Defaults DefaultSinkMinBackoff and DefaultSinkMaxBackoff.
 	MinBackoff, MaxBackoff time.Duration
 	// MaxAttempts is how many deliveries of a history message the sink
 	// makes before it gives up on the event it is at. Default
-	// DefaultSinkMaxAttempts (about 50 minutes of retries with the default
+	// DefaultSinkMaxAttempts (about 34 minutes of retries with the default
 	// backoff); -1 for no limit.
 	MaxAttempts int
 	// MaxAge gives up on an event whose history message was stored longer
