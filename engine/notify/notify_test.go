@@ -415,6 +415,24 @@ func TestSinkPermanentFailuresAndGivingUp(t *testing.T) {
 	}
 }
 
+// TestSinkDoesNotFollowRedirects: a 3xx is a permanent failure; the
+// signed body never goes to where it points.
+func TestSinkDoesNotFollowRedirects(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	elsewhere := newEndpoint(t, ok)
+	redirect := newEndpoint(t, func(int, *http.Request) int { return http.StatusOK })
+	redirect.Config.Handler = http.RedirectHandler(elsewhere.URL, http.StatusTemporaryRedirect)
+	s := w.sink(notify.SinkConfig{Name: "moved", URL: redirect.URL, Types: []string{"job.started"}})
+	w.run(s.Run)
+	w.waitConsumer("waymark-sink-moved")
+	w.publishTransition("J1", 1, schemas.Event{Type: schemas.EventJobStarted})
+	testsupport.Eventually(t, 10*time.Second, func() bool { return s.Stats().Failed == 1 }, "stats %+v", s.Stats())
+	if n := len(elsewhere.requests()); n != 0 {
+		t.Errorf("the redirect was followed: %d requests elsewhere", n)
+	}
+}
+
 // TestSlowSinkDelaysOnlyItself: a sink whose endpoint hangs does not hold
 // up another sink's deliveries.
 func TestSlowSinkDelaysOnlyItself(t *testing.T) {

@@ -77,7 +77,8 @@ type SinkConfig struct {
 	// AckWait is the consumer's ack wait when the sink creates it; it
 	// must exceed Timeout. Default DefaultAckWait.
 	AckWait time.Duration
-	// Client sends the requests; nil means a client with Timeout.
+	// Client sends the requests; nil means a client with Timeout that
+	// does not follow redirects.
 	Client *http.Client
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
@@ -192,7 +193,8 @@ func redactURL(u *url.URL) string {
 // events of it already delivered by this engine are not sent again. Any
 // other answer is a permanent failure: logged, counted, and the event is
 // skipped. After MaxAttempts deliveries, or once the message is older
-// than MaxAge, the sink gives up on the event (logged, counted). A message
+// than MaxAge, the sink gives up on the event (logged, counted); the
+// events after it in the same history message then get one attempt each. A message
 // with a skipped or given-up event is ended with TermWithReason, so
 // JetStream publishes its MSG_TERMINATED advisory
 // ($JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.<stream>.<consumer>): the
@@ -235,7 +237,9 @@ func NewSink(cfg SinkConfig) (*Sink, error) {
 		return nil, fmt.Errorf("webhook %q: secret: not valid base64", cfg.Name)
 	}
 	if cfg.Client == nil {
-		cfg.Client = &http.Client{Timeout: cfg.Timeout}
+		// A redirect is answered as it is (a 3xx: permanent), not followed:
+		// the signed body goes only to the URL the operator gave.
+		cfg.Client = &http.Client{Timeout: cfg.Timeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	}
 	u, _ := url.Parse(cfg.URL)
 	return &Sink{cfg: cfg, types: newTypeSet(cfg.Types), wh: wh, progress: map[uint64]int{},
