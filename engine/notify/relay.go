@@ -70,26 +70,40 @@ type RelayStats struct {
 	Errors    uint64 `json:"errors"`    // history messages left for redelivery, or undecodable, after an error
 }
 
-// NewRelay checks cfg and returns a Relay; Run starts it.
+// WithDefaults returns c with every zero field set to its default.
+func (c RelayConfig) WithDefaults() RelayConfig {
+	if c.AckWait == 0 {
+		c.AckWait = DefaultAckWait
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports the first bad field of c (after WithDefaults).
+func (c RelayConfig) Validate() error {
+	if c.Store == nil {
+		return errors.New("notify relay: config has no Store")
+	}
+	if c.AckWait < time.Second {
+		return fmt.Errorf("notify relay: ack wait %v: want at least 1s", c.AckWait)
+	}
+	if _, err := ParseTypes(c.Types); err != nil {
+		return fmt.Errorf("notify relay: %w", err)
+	}
+	return nil
+}
+
+// NewRelay checks cfg (RelayConfig.Validate) and returns a Relay; Run
+// starts it.
 func NewRelay(cfg RelayConfig) (*Relay, error) {
-	if cfg.Store == nil {
-		return nil, errors.New("notify relay: config has no Store")
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	if cfg.AckWait == 0 {
-		cfg.AckWait = DefaultAckWait
-	}
-	if cfg.AckWait < time.Second {
-		return nil, fmt.Errorf("notify relay: ack wait %v: want at least 1s", cfg.AckWait)
-	}
-	types, err := ParseTypes(cfg.Types)
-	if err != nil {
-		return nil, fmt.Errorf("notify relay: %w", err)
-	}
-	cfg.Types = types
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	return &Relay{cfg: cfg, types: newTypeSet(types), log: cfg.Logger.With("component", "events-out")}, nil
+	cfg.Types, _ = ParseTypes(cfg.Types)
+	return &Relay{cfg: cfg, types: newTypeSet(cfg.Types), log: cfg.Logger.With("component", "events-out")}, nil
 }
 
 // Stats returns a snapshot of the relay's counters. Safe for concurrent use.

@@ -28,11 +28,19 @@ import (
 
 // Defaults of SinkConfig.
 const (
-	DefaultSinkTimeout     = 10 * time.Second
-	DefaultSinkMinBackoff  = time.Second
-	DefaultSinkMaxBackoff  = 5 * time.Minute
+	// DefaultSinkTimeout bounds one webhook request.
+	DefaultSinkTimeout = 10 * time.Second
+	// DefaultSinkMinBackoff is the delay before an event's second attempt.
+	DefaultSinkMinBackoff = time.Second
+	// DefaultSinkMaxBackoff caps the delay between two attempts.
+	DefaultSinkMaxBackoff = 5 * time.Minute
+	// DefaultSinkMaxAttempts is how many deliveries a history message gets
+	// before the sink gives up on the event it is at.
 	DefaultSinkMaxAttempts = 15
-	DefaultSinkMaxAge      = 24 * time.Hour
+	// DefaultSinkMaxAge gives up on events stored longer ago than this.
+	DefaultSinkMaxAge = 24 * time.Hour
+	// DefaultSinkConcurrency is how many history messages one engine
+	// delivers at once per sink.
 	DefaultSinkConcurrency = 4
 )
 
