@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -17,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cloudevents/sdk-go/v2/binding/format"
+	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
@@ -182,6 +185,45 @@ func TestServeSendsLifecycleEvents(t *testing.T) {
 	}
 	if len(slices.Compact(slices.Sorted(slices.Values(ids)))) != len(ids) {
 		t.Errorf("webhook ids %v: want each event once", ids)
+	}
+
+	// What the engine stored in the history stream (its outbox messages,
+	// several transitions each) reads through sdk-go and marshals back to
+	// the same bytes, event by event.
+	hist, err := js.Stream(context.Background(), "WAYMARK_HISTORY")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for seq := uint64(1); ; {
+		m, err := hist.GetMsg(context.Background(), seq, jetstream.WithGetMsgSubject("waymark.history.N1"))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		seq = m.Sequence + 1
+		if f := format.Lookup(m.Header.Get("Content-Type")); f != format.JSONBatch {
+			t.Errorf("history message %d: Content-Type %q is not sdk-go's batch format", m.Sequence, m.Header.Get("Content-Type"))
+		}
+		var raws []json.RawMessage
+		if err := json.Unmarshal(m.Data, &raws); err != nil {
+			t.Fatal(err)
+		}
+		for _, raw := range raws {
+			var e event.Event
+			if err := format.JSON.Unmarshal(raw, &e); err != nil || e.Validate() != nil {
+				t.Fatalf("history event %s: %v", raw, err)
+			}
+			if again, _ := format.JSON.Marshal(&e); !bytes.Equal(again, raw) {
+				t.Errorf("history event differs from sdk-go's marshalling\nstored: %s\nsdk-go: %s", raw, again)
+			}
+			checked++
+		}
+	}
+	if checked < len(wantTypes) {
+		t.Errorf("checked %d history events, want at least %d", checked, len(wantTypes))
 	}
 
 	testsupport.Eventually(t, 10*time.Second, func() bool {
