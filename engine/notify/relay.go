@@ -114,17 +114,27 @@ func (r *Relay) Stats() RelayStats {
 // Types returns the event types the relay publishes.
 func (r *Relay) Types() []string { return r.cfg.Types }
 
+// Open makes sure the relay's consumer exists (creating it when absent:
+// from then on the history stream's events are relayed, by whichever
+// engine runs the relay) and returns it; Run calls it. Calling it before
+// jobs start, as engine serve and engine run do, sends their first events
+// too on a deployment's first start. Safe to call more than once.
+func (r *Relay) Open(ctx context.Context) (jetstream.Consumer, error) {
+	st := r.cfg.Store
+	return consumerFor(ctx, st, RelayConsumer(st.Config.Prefix), "Waymark engines: lifecycle events republished as CloudEvents on "+st.Config.Prefix+".events.>",
+		r.cfg.AckWait, DefaultRelayPending, r.log)
+}
+
 // Run relays until ctx is done, then returns nil once the messages it
 // holds are finished (acknowledged, or left for redelivery). It returns an
 // error when the consumer cannot be opened or consumed.
 func (r *Relay) Run(ctx context.Context) error {
-	st := r.cfg.Store
-	name := RelayConsumer(st.Config.Prefix)
-	cons, err := consumerFor(ctx, st, name, "Waymark engines: lifecycle events republished as CloudEvents on "+st.Config.Prefix+".events.>",
-		r.cfg.AckWait, DefaultRelayPending, r.log)
+	cons, err := r.Open(ctx)
 	if err != nil {
 		return err
 	}
+	st := r.cfg.Store
+	name := RelayConsumer(st.Config.Prefix)
 	nc := st.JS.Conn()
 	prefix := st.Config.Prefix
 	cc, err := cons.Consume(func(m jetstream.Msg) { r.handle(ctx, nc, prefix, m) },

@@ -262,18 +262,25 @@ func (s *Sink) Stats() SinkStats {
 	return SinkStats{Delivered: s.delivered.Load(), Retried: s.retried.Load(), Failed: s.failed.Load(), GivenUp: s.givenUp.Load()}
 }
 
+// Open makes sure the sink's consumer exists (creating it when absent:
+// from then on the history stream's events are posted) and returns it;
+// Run calls it. Safe to call more than once.
+func (s *Sink) Open(ctx context.Context) (jetstream.Consumer, error) {
+	st := s.cfg.Store
+	return consumerFor(ctx, st, SinkConsumer(st.Config.Prefix, s.cfg.Name), "Waymark engines: lifecycle events posted to webhook "+s.cfg.Name,
+		s.cfg.AckWait, 64*s.cfg.Concurrency, s.log)
+}
+
 // Run delivers until ctx is done, then returns nil once the deliveries in
 // flight ended (a request cut short by ctx leaves its message to be
 // delivered again at once, by this engine or another). It returns an
 // error when the consumer cannot be opened or consumed.
 func (s *Sink) Run(ctx context.Context) error {
-	st := s.cfg.Store
-	name := SinkConsumer(st.Config.Prefix, s.cfg.Name)
-	cons, err := consumerFor(ctx, st, name, "Waymark engines: lifecycle events posted to webhook "+s.cfg.Name,
-		s.cfg.AckWait, 64*s.cfg.Concurrency, s.log)
+	cons, err := s.Open(ctx)
 	if err != nil {
 		return err
 	}
+	name := SinkConsumer(s.cfg.Store.Config.Prefix, s.cfg.Name)
 	sem := make(chan struct{}, s.cfg.Concurrency)
 	var wg sync.WaitGroup
 	cc, err := cons.Consume(func(m jetstream.Msg) {

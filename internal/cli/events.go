@@ -159,13 +159,17 @@ type notifiers struct {
 	sinks []*notify.Sink
 }
 
-// start makes the relay and sinks p asks for over s's store and runs them
-// with s's other goroutines.
+// start makes the relay and sinks p asks for over s's store, with their
+// consumers (so that the jobs started next have all their events sent),
+// and runs them with s's other goroutines.
 func (p *eventPlan) start(ctx context.Context, s *stack, log *slog.Logger) (*notifiers, error) {
 	n := &notifiers{}
 	if p.relayTypes != nil {
 		r, err := notify.NewRelay(notify.RelayConfig{Store: s.store, Types: p.relayTypes, Logger: log})
 		if err != nil {
+			return nil, err
+		}
+		if _, err := r.Open(ctx); err != nil {
 			return nil, err
 		}
 		n.relay = r
@@ -175,6 +179,9 @@ func (p *eventPlan) start(ctx context.Context, s *stack, log *slog.Logger) (*not
 		c.Store, c.Logger = s.store, log
 		sk, err := notify.NewSink(c)
 		if err != nil {
+			return nil, err
+		}
+		if _, err := sk.Open(ctx); err != nil {
 			return nil, err
 		}
 		n.sinks = append(n.sinks, sk)
