@@ -3,7 +3,6 @@ package notify
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +14,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/binding/spec"
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/cloudevents/sdk-go/v2/types"
+	jsoniter "github.com/json-iterator/go"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -96,8 +96,8 @@ func Subject(prefix, typ, job string) string {
 }
 
 // typeSet is a set of full type names, with what a history message must
-// contain to hold one of them (its "type" member as the encoder writes
-// it), so that messages holding none are skipped without decoding.
+// contain to hold one of them (the type as a JSON string), so that
+// messages and events holding none are skipped without decoding.
 type typeSet struct {
 	types   map[string]bool
 	markers [][]byte
@@ -108,7 +108,7 @@ func newTypeSet(types []string) typeSet {
 	for _, t := range types {
 		if !s.types[t] {
 			s.types[t] = true
-			s.markers = append(s.markers, []byte(`"type":"`+t+`"`))
+			s.markers = append(s.markers, []byte(`"`+t+`"`))
 		}
 	}
 	return s
@@ -125,17 +125,31 @@ func (s typeSet) mayHold(body []byte) bool {
 }
 
 // decodeBatch reads a history message (a CloudEvents JSON batch) into
-// sdk-go events, keeping those of the set.
+// sdk-go events, keeping those of the set. It walks the array with the
+// JSON iterator sdk-go reads events with, and decodes only the events
+// whose bytes may be of the set (most of a busy job's are dispatches).
 func (s typeSet) decodeBatch(body []byte) ([]event.Event, error) {
-	var evs []event.Event
-	if err := json.Unmarshal(body, &evs); err != nil {
-		return nil, fmt.Errorf("decode history message as a CloudEvents batch: %w", err)
-	}
-	out := evs[:0]
-	for _, e := range evs {
+	iter := jsoniter.ConfigFastest.BorrowIterator(body)
+	defer jsoniter.ConfigFastest.ReturnIterator(iter)
+	var out []event.Event
+	for iter.ReadArray() {
+		raw := iter.SkipAndReturnBytes()
+		if iter.Error != nil {
+			break
+		}
+		if !s.mayHold(raw) {
+			continue
+		}
+		var e event.Event
+		if err := e.UnmarshalJSON(raw); err != nil {
+			return nil, fmt.Errorf("decode history message as a CloudEvents batch: event %d: %w", len(out), err)
+		}
 		if s.types[e.Type()] {
 			out = append(out, e)
 		}
+	}
+	if iter.Error != nil && iter.Error != io.EOF {
+		return nil, fmt.Errorf("decode history message as a CloudEvents batch: %w", iter.Error)
 	}
 	return out, nil
 }

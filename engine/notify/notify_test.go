@@ -236,6 +236,42 @@ func TestRelayTypesAndRestart(t *testing.T) {
 	}
 }
 
+// TestRelaySkipsWhatIsNotABatch: a history message that is not a
+// CloudEvents batch is counted and ended, and the events after it go out.
+func TestRelaySkipsWhatIsNotABatch(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	nc := w.srv.Conn(t)
+	got := make(chan *nats.Msg, 8)
+	sub, err := nc.ChanSubscribe("waymark.events.>", got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	_ = nc.Flush()
+	r, err := notify.NewRelay(notify.RelayConfig{Store: w.store, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.run(r.Run)
+	w.waitConsumer("waymark-events-out")
+	for _, body := range []string{`{"type":"dev.waymark.job.completed"}`, `["dev.waymark.job.completed", 1]`} {
+		if _, err := w.store.JS.Publish(context.Background(), w.store.Names.HistorySubject("J0"), []byte(body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.publishTransition("J1", 1, schemas.Event{Type: schemas.EventJobCompleted})
+	select {
+	case m := <-got:
+		if m.Header.Get("ce-id") != "J1/1/0" {
+			t.Errorf("got %s %v", m.Subject, m.Header)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the event after the bad messages never came")
+	}
+	testsupport.Eventually(t, 5*time.Second, func() bool { return r.Stats().Errors == 2 }, "errors %d, want 2", r.Stats().Errors)
+}
+
 // request is one request a test endpoint received.
 type request struct {
 	header http.Header
