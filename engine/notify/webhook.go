@@ -343,6 +343,9 @@ func (s *Sink) handle(ctx context.Context, m jetstream.Msg) {
 	var ended []string // events skipped or given up, for the termination reason
 	for i := start; i < len(evs); i++ {
 		e := &evs[i]
+		// The message may have waited for a slot, and each event of it can
+		// take a request timeout: keep it ours meanwhile.
+		_ = m.InProgress()
 		res, status, wait, err := s.deliver(ctx, e)
 		switch res {
 		case delivered:
