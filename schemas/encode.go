@@ -225,15 +225,16 @@ func (m *StepMessage) AppendJSON(dst []byte) []byte {
 }
 
 // HistoryEvent is one CloudEvent of a job's history, as the history stream
-// holds it (CloudEvents 1.0, JSON event format) and as clients read it.
+// holds it (CloudEvents 1.0, JSON event format) and as clients read it. Its
+// fields are in the order sdk-go's event.Event marshals them.
 type HistoryEvent struct {
 	SpecVersion     string      `json:"specversion"`
 	ID              string      `json:"id"` // <job>/<seq>/<n>
 	Source          string      `json:"source"`
 	Type            string      `json:"type"`
 	Subject         string      `json:"subject"` // the job id
-	Time            time.Time   `json:"time"`
 	DataContentType string      `json:"datacontenttype"`
+	Time            time.Time   `json:"time"` // UTC
 	Data            HistoryData `json:"data"`
 }
 
@@ -261,20 +262,31 @@ func AppendHistoryBatch(dst []byte, source, job string, seq uint64, evs []Event)
 		if s != evSeq {
 			evSeq, n = s, 0
 		}
-		w.open()
-		w.strField("specversion", "1.0")
-		w.strField("id", job+"/"+strconv.FormatUint(s, 10)+"/"+strconv.Itoa(n))
+		w.ceAttributes(job+"/"+strconv.FormatUint(s, 10)+"/"+strconv.Itoa(n), source, evs[i].Type, job, evs[i].Time)
 		n++
-		w.strField("source", source)
-		w.strField("type", evs[i].Type)
-		w.strField("subject", job)
-		w.timeField("time", evs[i].Time)
-		w.strField("datacontenttype", "application/json")
-		w.key("data")
 		w.historyData(&evs[i].Data)
 		w.close()
 	}
 	return append(w.b, ']')
+}
+
+// ceAttributes opens a history event and writes its context attributes
+// and the "data" key, in the order and the form in which sdk-go's
+// event.Event marshals them (github.com/cloudevents/sdk-go/v2/event,
+// WriteJson: specversion, id, source, type, subject, datacontenttype,
+// time in UTC with RFC 3339 nanoseconds), so that an event read from the
+// history stream and marshalled again by sdk-go is the same bytes
+// (TestHistoryEventsAreSDKGoBytes). The data follows.
+func (w *jsonw) ceAttributes(id, source, typ, subject string, t time.Time) {
+	w.open()
+	w.strField("specversion", "1.0")
+	w.strField("id", id)
+	w.strField("source", source)
+	w.strField("type", typ)
+	w.strField("subject", subject)
+	w.strField("datacontenttype", "application/json")
+	w.timeField("time", t.UTC())
+	w.key("data")
 }
 
 // DecodeHistory decodes one history message: a CloudEvents JSON batch.
@@ -614,15 +626,7 @@ func AppendEffectEvent(dst []byte, source, typ string, rec *EffectRecord, rev ui
 		id += "/replayed"
 	}
 	w := jsonw{b: append(dst, '[')}
-	w.open()
-	w.strField("specversion", "1.0")
-	w.strField("id", id)
-	w.strField("source", source)
-	w.strField("type", typ)
-	w.strField("subject", rec.Job)
-	w.timeField("time", now)
-	w.strField("datacontenttype", "application/json")
-	w.key("data")
+	w.ceAttributes(id, source, typ, rec.Job, now)
 	w.historyData(&d)
 	w.close()
 	return append(w.b, ']')

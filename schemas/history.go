@@ -25,7 +25,7 @@ func CheckpointHistory(job string, evs []Event) []HistoryEvent {
 			seq, n = ev.Data.Seq, 0
 		}
 		out = append(out, HistoryEvent{SpecVersion: "1.0", ID: job + "/" + strconv.FormatUint(seq, 10) + "/" + strconv.Itoa(n),
-			Source: HistorySourceEngine, Type: ev.Type, Subject: job, Time: ev.Time, DataContentType: "application/json", Data: ev.Data})
+			Source: HistorySourceEngine, Type: ev.Type, Subject: job, Time: ev.Time.UTC(), DataContentType: "application/json", Data: ev.Data})
 		n++
 	}
 	return out

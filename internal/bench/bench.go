@@ -106,6 +106,11 @@ type Config struct {
 	Engine      bool         `json:"engine"` // measure Waymark (default true via WithDefaults)
 	Dir         string       `json:"-"`      // where servers keep files; default a temporary directory
 	Logger      *slog.Logger `json:"-"`
+
+	// Events runs the lifecycle events relay (notify.Relay, its default
+	// types) beside the engine, as engine serve and engine run do unless
+	// --events=false: its cost shows in Waymark's figures.
+	Events bool `json:"events,omitempty"`
 }
 
 // WithDefaults fills zero fields.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/waymark-dev/waymark/engine"
 	"github.com/waymark-dev/waymark/engine/client"
+	"github.com/waymark-dev/waymark/engine/notify"
 	"github.com/waymark-dev/waymark/internal/natsserver"
 	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/schemas"
@@ -90,10 +91,18 @@ func runEngine(ctx context.Context, cfg Config, tg *target, rec *recorder) error
 	if err != nil {
 		return err
 	}
+	runs := []func(context.Context) error{e.Run, w.Run}
+	if cfg.Events {
+		r, err := notify.NewRelay(notify.RelayConfig{Store: store, Logger: cfg.Logger})
+		if err != nil {
+			return err
+		}
+		runs = append(runs, r.Run)
+	}
 	rctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
-	for _, run := range []func(context.Context) error{e.Run, w.Run} {
+	for _, run := range runs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -113,6 +113,7 @@ chain shape's only.`,
 	f.IntVar(&c.Lanes, "lanes", 0, "the engine's lanes, each deciding a share of the jobs (default: one per two cores)")
 	f.IntVar(&c.CacheBytes, "cache-bytes", 0, "the engine's checkpoint cache in bytes (default 64 MiB; -1 for none: every transition reads its checkpoint)")
 	f.StringVar(&c.GroupCommit, "group-commit", "", "checkpoint writes as atomic batches, one commit in flight: on or off (default: on under --sync always)")
+	f.BoolVar(&c.Events, "events", false, "also run the lifecycle events relay beside the engine, as engine serve and run do by default")
 	f.BoolVar(&noFloor, "no-floor", false, "skip the floor")
 	f.BoolVar(&floorOnly, "floor-only", false, "measure only the floor")
 	f.StringVarP(&output, "output", "o", "text", "text or json")

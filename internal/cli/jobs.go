@@ -355,7 +355,7 @@ func newHistoryCmd(g *globals) *cobra.Command {
 						if i > 0 {
 							typ = "step.dispatched" // the next step, dispatched by the same transition
 						}
-						fmt.Fprintf(g.stdout, "%s  %-8s %-26s %s\n", h.Time.Format("15:04:05.000"), seq, typ, row)
+						fmt.Fprintf(g.stdout, "%s  %-8s %-26s %s\n", h.Time.Local().Format("15:04:05.000"), seq, typ, row)
 					}
 				}
 				return nil

@@ -54,6 +54,7 @@ type runFlags struct {
 	embedded embeddedFlags
 	steps    stepFlags
 	children []string // --child workflow files
+	events   eventFlags
 }
 
 func newRunCmd(g *globals) *cobra.Command {
@@ -88,6 +89,7 @@ saved and resumes on the next run).`,
 	f.embedded.bind(cmd)
 	f.steps.bind(cmd)
 	fl.StringArrayVar(&f.steps.allowKinds, "allow-kind", nil, "a step kind only separate workers know (with --workers 0 or --nats-url; repeatable)")
+	f.events.bind(cmd, false)
 	return cmd
 }
 
@@ -100,6 +102,7 @@ type stack struct {
 	intake   *trigger.Intake // CloudEvents intake, with an engine: on <prefix>.trigger.> and the HTTP API
 	workers  []*steps.Worker
 	services []runningService
+	notify   *notifiers // lifecycle events relay and webhook sinks
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 	errs     chan error
@@ -121,6 +124,9 @@ type stackOptions struct {
 	demoDir   string   // where bundled demo services keep their data
 	demoNames []string // bundled services to start
 	log       *slog.Logger
+
+	// events: lifecycle events and webhooks (engines only); nil for none.
+	events *eventPlan
 }
 
 func (g *globals) startStack(ctx context.Context, emb *embeddedFlags, o stackOptions) (*stack, error) {
@@ -176,6 +182,11 @@ func (g *globals) startStack(ctx context.Context, emb *embeddedFlags, o stackOpt
 		}
 		if _, err := s.intake.Subscribe(s.nc); err != nil {
 			return fail(err)
+		}
+		if o.events != nil {
+			if s.notify, err = o.events.start(runCtx, s, o.log); err != nil {
+				return fail(err)
+			}
 		}
 	}
 	if o.workers > 0 {
@@ -345,12 +356,16 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 	if _, err := g.kvConfig(kv.Config{}); err != nil {
 		return err // a bad WAYMARK_* value, reported before any server starts
 	}
+	events, err := f.events.plan()
+	if err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
 	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
 
 	demoDir := filepath.Join(f.embedded.dataDir, "demo")
 	st, err := g.startStack(ctx, &f.embedded, stackOptions{
-		env: env, workers: f.workers, engines: 1, demoDir: demoDir, demoNames: names, log: log,
+		env: env, workers: f.workers, engines: 1, demoDir: demoDir, demoNames: names, log: log, events: events,
 	})
 	if err != nil {
 		return err

@@ -33,6 +33,7 @@ type serveFlags struct {
 	demo     bool
 	embedded embeddedFlags
 	steps    stepFlags
+	events   eventFlags
 }
 
 func newServeCmd(g *globals) *cobra.Command {
@@ -59,6 +60,7 @@ approves and rejects jobs on <prefix>.api.job.*.`,
 	f.embedded.bind(cmd)
 	f.steps.bind(cmd)
 	fl.StringArrayVar(&f.steps.allowKinds, "allow-kind", nil, "a step kind only remote workers know, accepted in workflows posted to the API (repeatable)")
+	f.events.bind(cmd, true)
 	return cmd
 }
 
@@ -80,10 +82,14 @@ func serve(ctx context.Context, g *globals, f *serveFlags) error {
 	if f.workers < 0 {
 		return &ExitError{Code: 2, Err: fmt.Errorf("--workers %d: want 0 or more", f.workers)}
 	}
+	events, err := f.events.plan()
+	if err != nil {
+		return &ExitError{Code: 2, Err: err}
+	}
 	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
 	o := stackOptions{listen: f.listen, env: env, workers: f.workers, engines: 1, log: log,
-		demoDir: filepath.Join(f.embedded.dataDir, "demo")}
+		demoDir: filepath.Join(f.embedded.dataDir, "demo"), events: events}
 	if f.demo {
 		o.demoNames = demo.Names()
 	}
@@ -107,6 +113,7 @@ func serve(ctx context.Context, g *globals, f *serveFlags) error {
 		return err
 	}
 	defer func() { _ = svc.Stop() }() // before the stack stops
+	events.describe(out, st.store.Config.Prefix)
 	fmt.Fprintf(out, "nats service: %s (engine control on %s.api.job.*)\n", api.ServiceName, st.store.Config.Prefix)
 	fmt.Fprintf(out, "cloudevents: request/reply on %s> (binary mode)\n", st.store.Names.TriggerPrefix)
 	var srv *http.Server
@@ -122,6 +129,7 @@ func serve(ctx context.Context, g *globals, f *serveFlags) error {
 		for _, w := range st.workers {
 			registerWorkerMetrics(reg, w)
 		}
+		registerNotifyMetrics(reg, st.notify)
 		api := &api.API{Client: client.New(st.store), Logger: log, Checks: []schemas.CheckFunc{engine.Check, steps.Builtins().CheckAnyWorker(env, f.steps.allowKinds...)}}
 		if st.intake != nil {
 			api.Events = st.intake
