@@ -33,8 +33,7 @@ type ExitError = cliflags.ExitError
 
 // globals are the flags every command shares.
 type globals struct {
-	natsURL   string
-	creds     string
+	conn      cliflags.Conn // --server (natsURL), --creds, --nkey, --tls*, --context
 	prefix    string
 	logLevel  string
 	logFormat string
@@ -46,7 +45,7 @@ type globals struct {
 func envOr(key, def string) string { return cliflags.EnvOr(key, def) }
 
 func (g *globals) bind(cmd *cobra.Command) {
-	g.flags = cliflags.BindGlobals(cmd, &g.natsURL, &g.creds, &g.prefix, &g.logLevel, &g.logFormat)
+	g.flags = cliflags.BindGlobals(cmd, &g.conn, &g.prefix, &g.logLevel, &g.logFormat)
 }
 
 func (g *globals) logger() (*slog.Logger, error) {
@@ -59,17 +58,39 @@ func flagValue(fs *pflag.FlagSet, flag, env, value string) string {
 	return cliflags.FlagValue(fs, flag, env, value)
 }
 
-// connect dials the NATS server named by --nats-url once, for one-shot
-// commands: an unreachable server is an error at once.
+// remote reports whether a server is named (--server, NATS_URL,
+// --context, NATS_CONTEXT) instead of the embedded one.
+func (g *globals) remote() bool { return g.conn.Remote() }
+
+// natsURL is the server URL as given, for messages: redacted, or the
+// context's name when a context names the server.
+func (g *globals) natsURL() string {
+	if g.conn.URL == "" && g.conn.Context != "" {
+		return "context " + g.conn.Context
+	}
+	return cliflags.RedactURL(g.conn.URL)
+}
+
+// serverFlag is the flag that names the server again, for hints: the
+// context when one was given, else --nats-url with the URL redacted.
+func (g *globals) serverFlag() string {
+	if g.conn.Context != "" {
+		return "--context " + shellQuote(g.conn.Context)
+	}
+	return "--nats-url " + shellQuote(cliflags.RedactURL(g.conn.URL))
+}
+
+// connect dials the NATS server named by --nats-url (or --context) once,
+// for one-shot commands: an unreachable server is an error at once.
 func (g *globals) connect(name string) (*nats.Conn, error) {
-	return cliflags.Connect(g.natsURL, g.creds, name)
+	return cliflags.Connect(g.conn, g.flags, name)
 }
 
 // connectWaiting dials the NATS server named by --nats-url for a
 // long-running command (engine serve, engine run): it waits for the
 // server, retrying with backoff and logging each retry.
 func (g *globals) connectWaiting(ctx context.Context, name string, log *slog.Logger) (*nats.Conn, error) {
-	return cliflags.ConnectWaiting(ctx, g.natsURL, g.creds, name, log)
+	return cliflags.ConnectWaiting(ctx, g.conn, g.flags, name, log)
 }
 
 // kvConfigFromEnv applies the WAYMARK_* layout variables to cfg (see
@@ -128,7 +149,7 @@ func (e *embeddedFlags) validate() error {
 // with --nats-url that is an error (say which); with NATS_URL the flags
 // win, as flags win over the environment everywhere, and the log says so.
 func (e *embeddedFlags) chooseServer(g *globals, log *slog.Logger) error {
-	if g.natsURL == "" {
+	if !g.remote() {
 		return nil
 	}
 	var given []string
@@ -140,12 +161,15 @@ func (e *embeddedFlags) chooseServer(g *globals, log *slog.Logger) error {
 	if len(given) == 0 {
 		return nil
 	}
+	if g.flags.Changed("context") {
+		return fmt.Errorf("--context and %s both given: %s set up the embedded server, and the context names a server to connect to instead; drop one", strings.Join(given, ", "), strings.Join(given, ", "))
+	}
 	if g.flags.Changed("nats-url") {
 		return fmt.Errorf("--nats-url and %s both given: %s set up the embedded server, which --nats-url replaces; drop one", strings.Join(given, ", "), strings.Join(given, ", "))
 	}
-	log.Warn("NATS_URL is set, but flags of the embedded server are given; flags win: using the embedded server",
-		"NATS_URL", g.natsURL, "flags", strings.Join(given, ", "))
-	g.natsURL = ""
+	log.Warn("NATS_URL or NATS_CONTEXT is set, but flags of the embedded server are given; flags win: using the embedded server",
+		"server", g.natsURL(), "flags", strings.Join(given, ", "))
+	g.conn.URL, g.conn.Context = "", ""
 	return nil
 }
 

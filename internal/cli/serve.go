@@ -96,7 +96,7 @@ func serve(ctx context.Context, g *globals, f *serveFlags) error {
 	if st.srv != nil {
 		fmt.Fprintf(out, "nats: %s (embedded, JetStream in %s, sync %s)\n", st.srv.ClientURL(), f.embedded.dataDir, f.embedded.sync)
 	} else {
-		fmt.Fprintf(out, "nats: %s\n", g.natsURL)
+		fmt.Fprintf(out, "nats: %s\n", g.natsURL())
 	}
 	for _, r := range st.services {
 		fmt.Fprintf(out, "service %s: %s\n", r.Name, r.URL)
