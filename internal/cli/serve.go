@@ -21,6 +21,7 @@ import (
 	"github.com/waymark-dev/waymark/engine/api"
 	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/internal/demo"
+	"github.com/waymark-dev/waymark/internal/health"
 	"github.com/waymark-dev/waymark/schemas"
 	"github.com/waymark-dev/waymark/steps"
 )
@@ -28,6 +29,7 @@ import (
 type serveFlags struct {
 	listen   string
 	http     string
+	httpSec  httpSecFlags
 	workers  int
 	demo     bool
 	embedded embeddedFlags
@@ -52,7 +54,8 @@ approves and rejects jobs on <prefix>.api.job.*.`,
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.listen, "listen", envOr("WAYMARK_LISTEN", "127.0.0.1:4222"), "embedded server's NATS client address (env WAYMARK_LISTEN)")
-	fl.StringVar(&f.http, "http", envOr("WAYMARK_HTTP", "127.0.0.1:8080"), "HTTP API address; empty disables it (env WAYMARK_HTTP)")
+	fl.StringVar(&f.http, "http", envOr("WAYMARK_HTTP", "127.0.0.1:8080"), "HTTP API address; empty disables it; beyond loopback it needs --http-token-file or --http-tlsca (env WAYMARK_HTTP)")
+	f.httpSec.bind(cmd)
 	fl.IntVar(&f.workers, "workers", steps.DefaultConcurrency, "steps the in-process worker runs at once; 0 runs no in-process worker")
 	fl.BoolVar(&f.demo, "demo", false, "start the bundled demo services (tickets, payments, records, mail) for in-process workers")
 	f.embedded.bind(cmd)
@@ -78,6 +81,12 @@ func serve(ctx context.Context, g *globals, f *serveFlags) error {
 	}
 	if f.workers < 0 {
 		return &ExitError{Code: 2, Err: fmt.Errorf("--workers %d: want 0 or more", f.workers)}
+	}
+	var sec *httpSecurity
+	if f.http != "" {
+		if sec, err = f.httpSec.load(f.http, log); err != nil {
+			return &ExitError{Code: 2, Err: err}
+		}
 	}
 	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
@@ -122,14 +131,24 @@ func serve(ctx context.Context, g *globals, f *serveFlags) error {
 		api := &api.API{Client: client.New(st.store), Logger: log, Checks: []schemas.CheckFunc{engine.Check, steps.Builtins().CheckAnyWorker(env, f.steps.allowKinds...)}}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		n := st.store.Names
+		(&health.Checker{Conn: st.nc, Streams: []string{n.InboxStream, n.WorkStream, n.HistoryStream, "KV_" + n.CheckpointBucket}}).Register(mux)
 		mux.Handle("/", api.Handler())
-		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		srv = &http.Server{Handler: sec.wrap(mux), ReadHeaderTimeout: 10 * time.Second, TLSConfig: sec.tlsConfig()}
 		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				st.errs <- fmt.Errorf("http API: %w", err)
+			var serveErr error
+			if srv.TLSConfig != nil {
+				serveErr = srv.ServeTLS(ln, "", "") // the certificate is in TLSConfig
+			} else {
+				serveErr = srv.Serve(ln)
+			}
+			if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
+				st.errs <- fmt.Errorf("http API: %w", serveErr)
 			}
 		}()
-		fmt.Fprintf(out, "http: http://%s (API under /v1, metrics at /metrics)\n", ln.Addr())
+		stopReload := sec.reloadOnHUP(log)
+		defer stopReload()
+		fmt.Fprintf(out, "http: %s://%s (API under /v1, metrics at /metrics, probes at /healthz and /readyz; %s)\n", sec.scheme(), ln.Addr(), sec.describe())
 	}
 	fmt.Fprintln(out, "engine running; Ctrl-C stops it")
 	var runErr error
