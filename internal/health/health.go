@@ -45,9 +45,9 @@ type Checker struct {
 
 // Status is the JSON body of both probes.
 type Status struct {
-	Status  string            `json:"status"`           // "ok" or "unavailable"
-	Reason  string            `json:"reason,omitempty"` // why unavailable
-	NATS    string            `json:"nats,omitempty"`   // connection state: connected, reconnecting, closed, ...
+	Status  string            `json:"status"`            // "ok" or "unavailable"
+	Reason  string            `json:"reason,omitempty"`  // why unavailable
+	NATS    string            `json:"nats,omitempty"`    // connection state: connected, reconnecting, closed, ...
 	Streams map[string]string `json:"streams,omitempty"` // stream name -> "ok" or its error (readyz)
 }
 
