@@ -116,6 +116,10 @@ type embeddedFlags struct {
 	syncInterval time.Duration
 	maxStore     string // as given; parsed by validate into maxBytes
 	maxBytes     int64
+	keyFile      string // --encryption-key-file
+	oldKeyFile   string // --encryption-old-key-file
+	cipher       string // --encryption-cipher
+	key, oldKey  string // read by validate from the files or WAYMARK_ENCRYPTION_KEY
 	flags        *pflag.FlagSet
 }
 
@@ -125,6 +129,9 @@ func (e *embeddedFlags) bind(cmd *cobra.Command) {
 	f.StringVar(&e.dataDir, "data-dir", envOr("WAYMARK_DATA_DIR", ".waymark"), "embedded server's data directory (env WAYMARK_DATA_DIR)")
 	f.StringVar(&e.sync, "sync", envOr("WAYMARK_SYNC", natsserver.SyncAlways), "embedded JetStream sync policy: always (fsync before every acknowledgement) or interval (env WAYMARK_SYNC)")
 	f.DurationVar(&e.syncInterval, "sync-interval", time.Second, "fsync period under --sync interval")
+	f.StringVar(&e.keyFile, "encryption-key-file", "", "encrypt the embedded server's JetStream files at rest with the key in FILE (at least 32 bytes; default: the key text in env WAYMARK_ENCRYPTION_KEY, if set)")
+	f.StringVar(&e.oldKeyFile, "encryption-old-key-file", "", "the previous key, for one start that re-encrypts the data directory with --encryption-key-file's (key rotation)")
+	f.StringVar(&e.cipher, "encryption-cipher", envOr("WAYMARK_ENCRYPTION_CIPHER", natsserver.CipherChaCha), "cipher of --encryption-key-file: chacha or aes (env WAYMARK_ENCRYPTION_CIPHER)")
 	f.StringVar(&e.maxStore, "max-store", envOr("WAYMARK_MAX_STORE", ""), "cap on the embedded server's JetStream file storage, e.g. 512MiB or 10GB; writes beyond it are refused (default: 75% of the disk space free at start) (env WAYMARK_MAX_STORE)")
 }
 
@@ -141,7 +148,49 @@ func (e *embeddedFlags) validate() error {
 		return fmt.Errorf("%s: want a size such as 512MiB or 10GB, or 0 for the default", flagValue(e.flags, "max-store", "WAYMARK_MAX_STORE", e.maxStore))
 	}
 	e.maxBytes = n
+	if e.cipher != natsserver.CipherChaCha && e.cipher != natsserver.CipherAES {
+		return fmt.Errorf("%s: want chacha or aes", flagValue(e.flags, "encryption-cipher", "WAYMARK_ENCRYPTION_CIPHER", e.cipher))
+	}
+	e.key = os.Getenv("WAYMARK_ENCRYPTION_KEY")
+	if e.keyFile != "" {
+		if e.key, err = readKeyFile("encryption-key-file", e.keyFile); err != nil {
+			return err
+		}
+	}
+	if e.oldKeyFile != "" {
+		if e.oldKey, err = readKeyFile("encryption-old-key-file", e.oldKeyFile); err != nil {
+			return err
+		}
+		if e.key == "" {
+			return errors.New("--encryption-old-key-file needs the new key too (--encryption-key-file or WAYMARK_ENCRYPTION_KEY): removing encryption is not supported")
+		}
+	}
+	if e.key != "" && len(e.key) < natsserver.MinKeyBytes {
+		what := "WAYMARK_ENCRYPTION_KEY"
+		if e.keyFile != "" {
+			what = fmt.Sprintf("--encryption-key-file %q", e.keyFile)
+		}
+		return fmt.Errorf("%s: the key is %d bytes, want at least %d (generate one with `openssl rand -hex 32`)", what, len(e.key), natsserver.MinKeyBytes)
+	}
 	return nil
+}
+
+// readKeyFile reads an encryption key file: its text, without the
+// trailing newline. Errors name the flag and file, never the key.
+func readKeyFile(flag, path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return "", fmt.Errorf("--%s %q: %v", flag, path, err)
+	}
+	key := strings.TrimRight(string(data), "\r\n")
+	if key == "" {
+		return "", fmt.Errorf("--%s %q: the file is empty", flag, path)
+	}
+	return key, nil
 }
 
 // chooseServer settles between the server NATS_URL or --nats-url names
@@ -153,7 +202,7 @@ func (e *embeddedFlags) chooseServer(g *globals, log *slog.Logger) error {
 		return nil
 	}
 	var given []string
-	for _, name := range []string{"data-dir", "listen", "max-store", "sync", "sync-interval"} {
+	for _, name := range []string{"data-dir", "listen", "max-store", "sync", "sync-interval", "encryption-key-file", "encryption-old-key-file", "encryption-cipher"} {
 		if f := e.flags.Lookup(name); f != nil && f.Changed {
 			given = append(given, "--"+name)
 		}
@@ -177,6 +226,7 @@ func (e *embeddedFlags) start(listen string, log *slog.Logger) (*natsserver.Serv
 	return natsserver.Start(natsserver.Config{
 		DataDir: e.dataDir, Listen: listen, Sync: e.sync, SyncInterval: e.syncInterval,
 		MaxStore: e.maxBytes, Logger: log,
+		EncryptionKey: e.key, EncryptionOldKey: e.oldKey, EncryptionCipher: e.cipher,
 	})
 }
 
