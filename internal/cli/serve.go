@@ -103,7 +103,11 @@ func serve(ctx context.Context, g *globals, f *serveFlags) error {
 
 	out := g.stdout
 	if st.srv != nil {
-		fmt.Fprintf(out, "nats: %s (embedded, JetStream in %s, sync %s)\n", st.srv.ClientURL(), f.embedded.dataDir, f.embedded.sync)
+		enc := ""
+		if f.embedded.key != "" {
+			enc = ", encrypted at rest with " + f.embedded.cipher
+		}
+		fmt.Fprintf(out, "nats: %s (embedded, JetStream in %s, sync %s%s)\n", st.srv.ClientURL(), f.embedded.dataDir, f.embedded.sync, enc)
 	} else {
 		fmt.Fprintf(out, "nats: %s\n", g.natsURL())
 	}
