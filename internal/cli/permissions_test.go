@@ -226,6 +226,30 @@ func TestPermissionsRunAJob(t *testing.T) {
 	cli("history", effects)
 	cli("list")
 	cli("effects", "list")
+	// A value over the object-store threshold: the CLI stores the input,
+	// the engine and the worker read it.
+	noop := writeWorkflow(t, testsupport.NoopChain("perm-noop", 2))
+	big := writeFile(t, "big.json", `{"blob": "`+strings.Repeat("x", 200<<10)+`"}`)
+	large := strings.TrimSpace(cli("start", noop, "--input", big))
+	testsupport.Eventually(t, 60*time.Second, func() bool { return status(large) == schemas.JobCompleted },
+		"job %s with a large input did not complete; violations:\n%s", large, p.log)
+	// The session store, a cancel, and a cron schedule the engine fires.
+	cli("store", "put", "users", "alice", "--value", `{"tier": "gold"}`)
+	if out := cli("store", "get", "users", "alice"); !strings.Contains(out, "gold") {
+		t.Errorf("store get: %s", out)
+	}
+	cli("store", "list", "users")
+	waiting := strings.TrimSpace(cli("start", repo("examples/approval/workflow.yaml"), "--input", repo("examples/approval/input.json")))
+	testsupport.Eventually(t, 60*time.Second, func() bool { return status(waiting) == schemas.JobWaitingApproval },
+		"job %s did not reach its gate; violations:\n%s", waiting, p.log)
+	cli("cancel", waiting, "--by", "alice", "--reason", "test")
+	testsupport.Eventually(t, 60*time.Second, func() bool { return status(waiting) == schemas.JobCancelled },
+		"job %s was not cancelled; violations:\n%s", waiting, p.log)
+	cli("schedule", "add", "tick", noop, "--cron", "@every 1s")
+	testsupport.Eventually(t, 60*time.Second, func() bool { return strings.Contains(cli("list"), "tick-") },
+		"the schedule started no job; violations:\n%s", p.log)
+	cli("schedule", "list")
+	cli("schedule", "remove", "tick")
 
 	if v := p.log.violations(); len(v) > 0 {
 		t.Errorf("permission violations while running the jobs:\n%s", strings.Join(v, "\n"))
