@@ -224,3 +224,22 @@ func TestServeClientCertificates(t *testing.T) {
 		t.Errorf("a certificate of another CA, presented, passed the handshake: %d", resp.StatusCode)
 	}
 }
+
+// TestContextNamesTheServer: --context replaces the embedded server as
+// --nats-url does, and is refused beside the embedded server's flags.
+func TestContextNamesTheServer(t *testing.T) {
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+	wf := writeWorkflow(t, testsupport.NoopChain("ctx", 1))
+	_, errOut, code := execute(t, "run", wf, "--context", "prod")
+	if code != 2 || !strings.Contains(errOut, `--context "prod": no such context`) {
+		t.Errorf("run --context prod (none saved): exit %d\n%s\nwant 2 naming the context", code, errOut)
+	}
+	_, errOut, code = execute(t, "serve", "--context", "prod", "--data-dir", t.TempDir())
+	if code != 2 || !strings.Contains(errOut, "--context and --data-dir both given") {
+		t.Errorf("serve --context --data-dir: exit %d\n%s", code, errOut)
+	}
+	_, errOut, code = execute(t, "status", "j1", "--nkey", "/nonexistent/seed")
+	if code != 2 || !strings.Contains(errOut, `--nkey "/nonexistent/seed"`) {
+		t.Errorf("status --nkey missing: exit %d\n%s", code, errOut)
+	}
+}

@@ -168,7 +168,7 @@ func Connect(c Conn, fs *pflag.FlagSet, name string) (*nats.Conn, error) {
 	}
 	nc, err := nats.Connect(s.URL, append(opts, nats.ReconnectWait(250*time.Millisecond))...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w (is an engine running? start `engine serve --data-dir DIR` on the data directory your jobs use (default .waymark), or point --server / NATS_URL or --context at your NATS server)", RedactURL(s.URL), err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w (is an engine running? start `engine serve --data-dir DIR` on the data directory your jobs use (default .waymark), or point --nats-url (--server), NATS_URL or --context at your NATS server)", RedactURL(s.URL), err)
 	}
 	return nc, nil
 }
