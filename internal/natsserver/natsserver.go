@@ -203,10 +203,12 @@ func Start(cfg Config) (*Server, error) {
 	} else {
 		host, port, err := net.SplitHostPort(cfg.Listen)
 		if err != nil {
+			release()
 			return nil, fmt.Errorf("embedded nats-server: listen address %q: %w", cfg.Listen, err)
 		}
 		p, err := strconv.Atoi(port)
 		if err != nil {
+			release()
 			return nil, fmt.Errorf("embedded nats-server: listen port %q: %w", port, err)
 		}
 		if p == 0 {
