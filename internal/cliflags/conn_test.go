@@ -400,3 +400,21 @@ func TestWaitingLogsNoCredentials(t *testing.T) {
 		t.Fatalf("log does not name the (redacted) URL: %s", buf.String())
 	}
 }
+
+// TestWaitingGivesUpOnAnAuthorizationError: a long-running process with
+// the wrong seed stops with the server's answer instead of retrying for
+// ever in silence.
+func TestWaitingGivesUpOnAnAuthorizationError(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	_, pub := userSeed(t, dir, "engine.nk")
+	other, _ := userSeed(t, dir, "other.nk")
+	s := startServer(t, &server.Options{Nkeys: []*server.NkeyUser{{Nkey: pub}}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := ConnectWaiting(ctx, Conn{URL: s.ClientURL(), NKey: other}, nil, "test", slog.New(slog.DiscardHandler))
+	if err == nil || ctx.Err() != nil || !strings.Contains(strings.ToLower(err.Error()), "authorization") {
+		t.Fatalf("after %v: %v, want an authorization error before the deadline", time.Since(start), err)
+	}
+}
