@@ -15,24 +15,6 @@ import (
 	"github.com/waymark-dev/waymark/internal/workercli"
 )
 
-// pendingFlags are flags the deployment files use that issue 13's
-// production branch adds (NATS connection and HTTP security flags, named
-// in the shared notes) and that this branch's commands do not have yet.
-// They are taken off a command line before it is parsed, their values
-// kept for the path and probe checks. Once a flag exists, the test fails
-// until it is deleted from this list: empty it after the merge.
-var pendingFlags = map[string]bool{
-	"nkey":            true,
-	"tlscert":         true,
-	"tlskey":          true,
-	"tlsca":           true,
-	"context":         true,
-	"http-token-file": true,
-	"http-tlscert":    true,
-	"http-tlskey":     true,
-	"http-tlsca":      true,
-}
-
 // fileFlags take a path to a file or directory the process reads.
 var fileFlags = []string{"creds", "nkey", "tlscert", "tlskey", "tlsca", "http-token-file",
 	"http-tlscert", "http-tlskey", "http-tlsca", "secrets-dir", "prices"}
@@ -40,16 +22,12 @@ var fileFlags = []string{"creds", "nkey", "tlscert", "tlskey", "tlsca", "http-to
 // commandLine is an engine or worker command line parsed by the real
 // command's flags.
 type commandLine struct {
-	binary  string         // "engine" or "worker"
-	cmd     *cobra.Command // the (sub)command the line runs
-	pending map[string]string
+	binary string         // "engine" or "worker"
+	cmd    *cobra.Command // the (sub)command the line runs
 }
 
 // value returns the flag's value: as given on the line, or its default.
 func (c *commandLine) value(name string) string {
-	if v, ok := c.pending[name]; ok {
-		return v
-	}
 	if f := c.cmd.Flag(name); f != nil {
 		return f.Value.String()
 	}
@@ -58,9 +36,6 @@ func (c *commandLine) value(name string) string {
 
 // given reports whether the line sets the flag.
 func (c *commandLine) given(name string) bool {
-	if _, ok := c.pending[name]; ok {
-		return true
-	}
 	f := c.cmd.Flag(name)
 	return f != nil && f.Changed
 }
@@ -89,29 +64,8 @@ func parseCommandLine(t *testing.T, where string, argv []string) *commandLine {
 	if err != nil {
 		t.Fatalf("%s: %v", where, err)
 	}
-	cl := &commandLine{binary: bin, cmd: cmd, pending: map[string]string{}}
-	var kept []string
-	for i := 0; i < len(rest); i++ {
-		arg := rest[i]
-		name, val, hasVal := strings.Cut(strings.TrimPrefix(arg, "--"), "=")
-		if !strings.HasPrefix(arg, "--") || !pendingFlags[name] {
-			kept = append(kept, arg)
-			continue
-		}
-		if cmd.Flag(name) != nil {
-			t.Errorf("%s: --%s exists on %q now: delete it from pendingFlags in deploy/cmdline_test.go", where, name, cmd.CommandPath())
-			kept = append(kept, arg)
-			continue
-		}
-		if !hasVal {
-			if i+1 >= len(rest) {
-				t.Fatalf("%s: --%s wants a value", where, name)
-			}
-			i++
-			val = rest[i]
-		}
-		cl.pending[name] = val
-	}
+	cl := &commandLine{binary: bin, cmd: cmd}
+	kept := rest
 	if err := cmd.ParseFlags(kept); err != nil {
 		t.Fatalf("%s: %s %s: %v", where, cmd.CommandPath(), strings.Join(kept, " "), err)
 	}

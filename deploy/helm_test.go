@@ -74,7 +74,7 @@ type helmValues struct {
 			Enabled bool `json:"enabled"`
 			Port    int  `json:"port"`
 		} `json:"monitor"`
-		Merge map[string]string `json:"merge,omitempty"`
+		Merge map[string]any `json:"merge,omitempty"`
 	} `json:"config"`
 	TLSCA struct {
 		Enabled    bool   `json:"enabled"`
@@ -143,12 +143,22 @@ func TestHelmValues(t *testing.T) {
 	if !v.TLSCA.Enabled || v.TLSCA.SecretName == "" {
 		t.Errorf("tlsCA: want the CA from a Secret (routes verify each other's certificates with it)")
 	}
-	if c.Merge["max_payload"] != "<< 8MB >>" {
+	if c.Merge["max_payload"] != any("<< 8MB >>") {
 		t.Errorf("config.merge.max_payload %q: want << 8MB >> (unquoted by the chart), as deploy/nats/cluster.conf", c.Merge["max_payload"])
 	}
 	// The accounts come from deploy/nats/permissions.conf, mounted from a
 	// ConfigMap: the include must land in the mounted directory.
-	inc := c.Merge["$include"]
+	inc, _ := c.Merge["$include"].(string)
+	accounts, _ := c.Merge["accounts"].(map[string]any)
+	account, _ := accounts[kedaAccount(t)].(map[string]any)
+	if account["jetstream"] != "enabled" || account["users"] != "<< $WAYMARK_USERS >>" {
+		t.Errorf("config.merge.accounts.%s %v: want jetstream enabled and users << $WAYMARK_USERS >> (from permissions.conf)", kedaAccount(t), account)
+	}
+	for _, c := range []string{"ENGINE", "WORKER", "CLI"} {
+		if v.Container.Env["WAYMARK_"+c+"_NKEY"] == "" {
+			t.Errorf("container.env: want WAYMARK_%s_NKEY, the public nkey permissions.conf reads", c)
+		}
+	}
 	if path.Base(inc) != "permissions.conf" {
 		t.Fatalf("config.merge.$include %q: want deploy/nats/permissions.conf", inc)
 	}

@@ -16,10 +16,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
 
 	"github.com/waymark-dev/waymark/internal/testsupport"
 	"github.com/waymark-dev/waymark/kv"
@@ -29,22 +31,30 @@ import (
 // the configs (and permissions.conf) in it, the certificates in certs/.
 const natsEtc = "/etc/nats/"
 
-// standInPermissions stands for deploy/nats/permissions.conf while this
-// branch has none (issue 13's production branch writes it): an account
-// WAYMARK with JetStream, as keda.yaml names it.
-const standInPermissions = `
-accounts {
-  WAYMARK {
-    jetstream: enabled
-    users: [
-      {user: engine, password: "stand-in"}
-      {user: worker, password: "stand-in"}
-    ]
-  }
-  SYS { users: [{user: sys, password: "stand-in"}] }
+var (
+	nkeysOnce sync.Once
+	nkeysErr  error
+)
+
+// setUserNKeys sets the environment permissions.conf reads the users'
+// public nkeys from, once for the process (the tests run in parallel, so
+// t.Setenv cannot).
+func setUserNKeys() error {
+	for _, c := range []string{"ENGINE", "WORKER", "CLI"} {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			return err
+		}
+		pub, err := kp.PublicKey()
+		if err != nil {
+			return err
+		}
+		if err := os.Setenv("WAYMARK_"+c+"_NKEY", pub); err != nil {
+			return err
+		}
+	}
+	return nil
 }
-system_account: SYS
-`
 
 // natsTree copies deploy/nats into a fresh directory laid out like
 // /etc/nats, with certificates made for the test in certs/, and returns
@@ -70,11 +80,9 @@ func natsTree(t *testing.T) string {
 			t.Fatal(err)
 		}
 	}
-	if _, err := os.Stat(dir + "permissions.conf"); os.IsNotExist(err) {
-		t.Log("deploy/nats/permissions.conf is not on this branch yet: parsing with a stand-in account WAYMARK")
-		if err := os.WriteFile(dir+"permissions.conf", []byte(standInPermissions), 0o600); err != nil {
-			t.Fatal(err)
-		}
+	nkeysOnce.Do(func() { nkeysErr = setUserNKeys() })
+	if nkeysErr != nil {
+		t.Fatal(nkeysErr)
 	}
 	writeCerts(t, dir+"certs")
 	return dir
@@ -253,6 +261,12 @@ func TestNATSServerUnitConfig(t *testing.T) {
 	// handling, loads a config that runs a cluster node.
 	dir := natsTree(t)
 	for k, v := range readEnvFile(t, "systemd/nats.env") {
+		if strings.HasSuffix(k, "_NKEY") {
+			if !strings.HasSuffix(v, "-PLACEHOLDER") {
+				t.Errorf("systemd/nats.env: %s=%q: want a placeholder", k, v)
+			}
+			continue // a placeholder; natsTree set real public keys
+		}
 		t.Setenv(k, v)
 	}
 	argv := execStart(t, "nats-server.service", "")

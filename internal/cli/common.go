@@ -33,8 +33,7 @@ type ExitError = cliflags.ExitError
 
 // globals are the flags every command shares.
 type globals struct {
-	natsURL   string
-	creds     string
+	conn      cliflags.Conn // --server (natsURL), --creds, --nkey, --tls*, --context
 	prefix    string
 	logLevel  string
 	logFormat string
@@ -46,7 +45,7 @@ type globals struct {
 func envOr(key, def string) string { return cliflags.EnvOr(key, def) }
 
 func (g *globals) bind(cmd *cobra.Command) {
-	g.flags = cliflags.BindGlobals(cmd, &g.natsURL, &g.creds, &g.prefix, &g.logLevel, &g.logFormat)
+	g.flags = cliflags.BindGlobals(cmd, &g.conn, &g.prefix, &g.logLevel, &g.logFormat)
 }
 
 func (g *globals) logger() (*slog.Logger, error) {
@@ -59,17 +58,39 @@ func flagValue(fs *pflag.FlagSet, flag, env, value string) string {
 	return cliflags.FlagValue(fs, flag, env, value)
 }
 
-// connect dials the NATS server named by --nats-url once, for one-shot
-// commands: an unreachable server is an error at once.
+// remote reports whether a server is named (--server, NATS_URL,
+// --context, NATS_CONTEXT) instead of the embedded one.
+func (g *globals) remote() bool { return g.conn.Remote() }
+
+// natsURL is the server URL as given, for messages: redacted, or the
+// context's name when a context names the server.
+func (g *globals) natsURL() string {
+	if g.conn.URL == "" && g.conn.Context != "" {
+		return "context " + g.conn.Context
+	}
+	return cliflags.RedactURL(g.conn.URL)
+}
+
+// serverFlag is the flag that names the server again, for hints: the
+// context when one was given, else --nats-url with the URL redacted.
+func (g *globals) serverFlag() string {
+	if g.conn.Context != "" {
+		return "--context " + shellQuote(g.conn.Context)
+	}
+	return "--nats-url " + shellQuote(cliflags.RedactURL(g.conn.URL))
+}
+
+// connect dials the NATS server named by --nats-url (or --context) once,
+// for one-shot commands: an unreachable server is an error at once.
 func (g *globals) connect(name string) (*nats.Conn, error) {
-	return cliflags.Connect(g.natsURL, g.creds, name)
+	return cliflags.Connect(g.conn, g.flags, name)
 }
 
 // connectWaiting dials the NATS server named by --nats-url for a
 // long-running command (engine serve, engine run): it waits for the
 // server, retrying with backoff and logging each retry.
 func (g *globals) connectWaiting(ctx context.Context, name string, log *slog.Logger) (*nats.Conn, error) {
-	return cliflags.ConnectWaiting(ctx, g.natsURL, g.creds, name, log)
+	return cliflags.ConnectWaiting(ctx, g.conn, g.flags, name, log)
 }
 
 // kvConfigFromEnv applies the WAYMARK_* layout variables to cfg (see
@@ -95,6 +116,10 @@ type embeddedFlags struct {
 	syncInterval time.Duration
 	maxStore     string // as given; parsed by validate into maxBytes
 	maxBytes     int64
+	keyFile      string // --encryption-key-file
+	oldKeyFile   string // --encryption-old-key-file
+	cipher       string // --encryption-cipher
+	key, oldKey  string // read by validate from the files or WAYMARK_ENCRYPTION_KEY
 	flags        *pflag.FlagSet
 }
 
@@ -104,6 +129,9 @@ func (e *embeddedFlags) bind(cmd *cobra.Command) {
 	f.StringVar(&e.dataDir, "data-dir", envOr("WAYMARK_DATA_DIR", ".waymark"), "embedded server's data directory (env WAYMARK_DATA_DIR)")
 	f.StringVar(&e.sync, "sync", envOr("WAYMARK_SYNC", natsserver.SyncAlways), "embedded JetStream sync policy: always (fsync before every acknowledgement) or interval (env WAYMARK_SYNC)")
 	f.DurationVar(&e.syncInterval, "sync-interval", time.Second, "fsync period under --sync interval")
+	f.StringVar(&e.keyFile, "encryption-key-file", "", "encrypt the embedded server's JetStream files at rest with the key in FILE (at least 32 bytes; default: the key text in env WAYMARK_ENCRYPTION_KEY, if set)")
+	f.StringVar(&e.oldKeyFile, "encryption-old-key-file", "", "the previous key, for one start that re-encrypts the data directory with --encryption-key-file's (key rotation)")
+	f.StringVar(&e.cipher, "encryption-cipher", envOr("WAYMARK_ENCRYPTION_CIPHER", natsserver.CipherChaCha), "cipher of --encryption-key-file: chacha or aes (env WAYMARK_ENCRYPTION_CIPHER)")
 	f.StringVar(&e.maxStore, "max-store", envOr("WAYMARK_MAX_STORE", ""), "cap on the embedded server's JetStream file storage, e.g. 512MiB or 10GB; writes beyond it are refused (default: 75% of the disk space free at start) (env WAYMARK_MAX_STORE)")
 }
 
@@ -120,7 +148,49 @@ func (e *embeddedFlags) validate() error {
 		return fmt.Errorf("%s: want a size such as 512MiB or 10GB, or 0 for the default", flagValue(e.flags, "max-store", "WAYMARK_MAX_STORE", e.maxStore))
 	}
 	e.maxBytes = n
+	if e.cipher != natsserver.CipherChaCha && e.cipher != natsserver.CipherAES {
+		return fmt.Errorf("%s: want chacha or aes", flagValue(e.flags, "encryption-cipher", "WAYMARK_ENCRYPTION_CIPHER", e.cipher))
+	}
+	e.key = os.Getenv("WAYMARK_ENCRYPTION_KEY")
+	if e.keyFile != "" {
+		if e.key, err = readKeyFile("encryption-key-file", e.keyFile); err != nil {
+			return err
+		}
+	}
+	if e.oldKeyFile != "" {
+		if e.oldKey, err = readKeyFile("encryption-old-key-file", e.oldKeyFile); err != nil {
+			return err
+		}
+		if e.key == "" {
+			return errors.New("--encryption-old-key-file needs the new key too (--encryption-key-file or WAYMARK_ENCRYPTION_KEY): removing encryption is not supported")
+		}
+	}
+	if e.key != "" && len(e.key) < natsserver.MinKeyBytes {
+		what := "WAYMARK_ENCRYPTION_KEY"
+		if e.keyFile != "" {
+			what = fmt.Sprintf("--encryption-key-file %q", e.keyFile)
+		}
+		return fmt.Errorf("%s: the key is %d bytes, want at least %d (generate one with `openssl rand -hex 32`)", what, len(e.key), natsserver.MinKeyBytes)
+	}
 	return nil
+}
+
+// readKeyFile reads an encryption key file: its text, without the
+// trailing newline. Errors name the flag and file, never the key.
+func readKeyFile(flag, path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return "", fmt.Errorf("--%s %q: %v", flag, path, err)
+	}
+	key := strings.TrimRight(string(data), "\r\n")
+	if key == "" {
+		return "", fmt.Errorf("--%s %q: the file is empty", flag, path)
+	}
+	return key, nil
 }
 
 // chooseServer settles between the server NATS_URL or --nats-url names
@@ -128,11 +198,11 @@ func (e *embeddedFlags) validate() error {
 // with --nats-url that is an error (say which); with NATS_URL the flags
 // win, as flags win over the environment everywhere, and the log says so.
 func (e *embeddedFlags) chooseServer(g *globals, log *slog.Logger) error {
-	if g.natsURL == "" {
+	if !g.remote() {
 		return nil
 	}
 	var given []string
-	for _, name := range []string{"data-dir", "listen", "max-store", "sync", "sync-interval"} {
+	for _, name := range []string{"data-dir", "listen", "max-store", "sync", "sync-interval", "encryption-key-file", "encryption-old-key-file", "encryption-cipher"} {
 		if f := e.flags.Lookup(name); f != nil && f.Changed {
 			given = append(given, "--"+name)
 		}
@@ -140,12 +210,15 @@ func (e *embeddedFlags) chooseServer(g *globals, log *slog.Logger) error {
 	if len(given) == 0 {
 		return nil
 	}
+	if g.flags.Changed("context") {
+		return fmt.Errorf("--context and %s both given: %s set up the embedded server, and the context names a server to connect to instead; drop one", strings.Join(given, ", "), strings.Join(given, ", "))
+	}
 	if g.flags.Changed("nats-url") {
 		return fmt.Errorf("--nats-url and %s both given: %s set up the embedded server, which --nats-url replaces; drop one", strings.Join(given, ", "), strings.Join(given, ", "))
 	}
-	log.Warn("NATS_URL is set, but flags of the embedded server are given; flags win: using the embedded server",
-		"NATS_URL", g.natsURL, "flags", strings.Join(given, ", "))
-	g.natsURL = ""
+	log.Warn("NATS_URL or NATS_CONTEXT is set, but flags of the embedded server are given; flags win: using the embedded server",
+		"server", g.natsURL(), "flags", strings.Join(given, ", "))
+	g.conn.URL, g.conn.Context = "", ""
 	return nil
 }
 
@@ -153,6 +226,7 @@ func (e *embeddedFlags) start(listen string, log *slog.Logger) (*natsserver.Serv
 	return natsserver.Start(natsserver.Config{
 		DataDir: e.dataDir, Listen: listen, Sync: e.sync, SyncInterval: e.syncInterval,
 		MaxStore: e.maxBytes, Logger: log,
+		EncryptionKey: e.key, EncryptionOldKey: e.oldKey, EncryptionCipher: e.cipher,
 	})
 }
 

@@ -136,7 +136,7 @@ func (g *globals) startStack(ctx context.Context, emb *embeddedFlags, o stackOpt
 		return nil, err
 	}
 	var err error
-	if g.natsURL != "" {
+	if g.remote() {
 		s.nc, err = g.connectWaiting(ctx, "waymark-engine", o.log)
 	} else {
 		s.srv, err = emb.start(o.listen, o.log)
@@ -350,7 +350,7 @@ func runJob(ctx context.Context, g *globals, f *runFlags, path string, stdin io.
 	if err := f.embedded.chooseServer(g, log); err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}
-	if f.workers == 0 && g.natsURL == "" {
+	if f.workers == 0 && !g.remote() {
 		return &ExitError{Code: 2, Err: errors.New("--workers 0 on the embedded server: no worker could reach it, so the job would wait forever; use engine serve for separate workers")}
 	}
 	if _, err := g.kvConfig(kv.Config{}); err != nil {
@@ -517,8 +517,8 @@ func hintFlags(g *globals, f *runFlags, bundled bool) (extra, serveFlags string)
 func approvalHint(g *globals, f *runFlags, job, gate string, bundled bool) string {
 	extra, serveFlags := hintFlags(g, f, bundled)
 	decide := fmt.Sprintf("`engine approve %s %s%s` (or `engine reject`)", shellQuote(job), shellQuote(gate), extra)
-	if g.natsURL != "" {
-		return fmt.Sprintf("Decide with %s and --nats-url %s; a running engine goes on with the job", decide, shellQuote(g.natsURL))
+	if g.remote() {
+		return fmt.Sprintf("Decide with %s and %s; a running engine goes on with the job", decide, g.serverFlag())
 	}
 	return fmt.Sprintf("Start `engine serve --data-dir %s%s` (or point NATS_URL at your server), then decide with %s; the engine goes on with the job",
 		shellQuote(f.embedded.dataDir), serveFlags, decide)
@@ -533,8 +533,8 @@ func resolveHint(g *globals, f *runFlags, key string, bundled bool) string {
 	extra, serveFlags := hintFlags(g, f, bundled)
 	resolve := fmt.Sprintf("`engine effects resolve %s%s --happened [--external-id ID] [--result FILE]` or `engine effects resolve %s%s --not-happened`",
 		shellQuote(key), extra, shellQuote(key), extra)
-	if g.natsURL != "" {
-		return fmt.Sprintf("run %s with --nats-url %s (the same server); a running engine resumes the job", resolve, shellQuote(g.natsURL))
+	if g.remote() {
+		return fmt.Sprintf("run %s with %s (the same server); a running engine resumes the job", resolve, g.serverFlag())
 	}
 	return fmt.Sprintf("start `engine serve --data-dir %s%s` (or point NATS_URL at your server), then run %s; the engine resumes the job",
 		shellQuote(f.embedded.dataDir), serveFlags, resolve)

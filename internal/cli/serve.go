@@ -22,6 +22,7 @@ import (
 	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/engine/trigger"
 	"github.com/waymark-dev/waymark/internal/demo"
+	"github.com/waymark-dev/waymark/internal/health"
 	"github.com/waymark-dev/waymark/schemas"
 	"github.com/waymark-dev/waymark/steps"
 )
@@ -29,6 +30,7 @@ import (
 type serveFlags struct {
 	listen   string
 	http     string
+	httpSec  httpSecFlags
 	workers  int
 	demo     bool
 	embedded embeddedFlags
@@ -54,7 +56,8 @@ approves and rejects jobs on <prefix>.api.job.*.`,
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.listen, "listen", envOr("WAYMARK_LISTEN", "127.0.0.1:4222"), "embedded server's NATS client address (env WAYMARK_LISTEN)")
-	fl.StringVar(&f.http, "http", envOr("WAYMARK_HTTP", "127.0.0.1:8080"), "HTTP API address; empty disables it (env WAYMARK_HTTP)")
+	fl.StringVar(&f.http, "http", envOr("WAYMARK_HTTP", "127.0.0.1:8080"), "HTTP API address; empty disables it; beyond loopback it needs --http-token-file or --http-tlsca (env WAYMARK_HTTP)")
+	f.httpSec.bind(cmd)
 	fl.IntVar(&f.workers, "workers", steps.DefaultConcurrency, "steps the in-process worker runs at once; 0 runs no in-process worker")
 	fl.BoolVar(&f.demo, "demo", false, "start the bundled demo services (tickets, payments, records, mail) for in-process workers")
 	f.embedded.bind(cmd)
@@ -86,6 +89,12 @@ func serve(ctx context.Context, g *globals, f *serveFlags) error {
 	if err != nil {
 		return &ExitError{Code: 2, Err: err}
 	}
+	var sec *httpSecurity
+	if f.http != "" {
+		if sec, err = f.httpSec.load(f.http, log); err != nil {
+			return &ExitError{Code: 2, Err: err}
+		}
+	}
 	ctx, stopSignals := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
 	o := stackOptions{listen: f.listen, env: env, workers: f.workers, engines: 1, log: log,
@@ -101,9 +110,13 @@ func serve(ctx context.Context, g *globals, f *serveFlags) error {
 
 	out := g.stdout
 	if st.srv != nil {
-		fmt.Fprintf(out, "nats: %s (embedded, JetStream in %s, sync %s)\n", st.srv.ClientURL(), f.embedded.dataDir, f.embedded.sync)
+		enc := ""
+		if f.embedded.key != "" {
+			enc = ", encrypted at rest with " + f.embedded.cipher
+		}
+		fmt.Fprintf(out, "nats: %s (embedded, JetStream in %s, sync %s%s)\n", st.srv.ClientURL(), f.embedded.dataDir, f.embedded.sync, enc)
 	} else {
-		fmt.Fprintf(out, "nats: %s\n", g.natsURL)
+		fmt.Fprintf(out, "nats: %s\n", g.natsURL())
 	}
 	for _, r := range st.services {
 		fmt.Fprintf(out, "service %s: %s\n", r.Name, r.URL)
@@ -136,14 +149,24 @@ func serve(ctx context.Context, g *globals, f *serveFlags) error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		n := st.store.Names
+		(&health.Checker{Conn: st.nc, Streams: []string{n.InboxStream, n.WorkStream, n.HistoryStream, "KV_" + n.CheckpointBucket}}).Register(mux)
 		mux.Handle("/", api.Handler())
-		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		srv = &http.Server{Handler: sec.wrap(mux), ReadHeaderTimeout: 10 * time.Second, TLSConfig: sec.tlsConfig()}
 		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				st.errs <- fmt.Errorf("http API: %w", err)
+			var serveErr error
+			if srv.TLSConfig != nil {
+				serveErr = srv.ServeTLS(ln, "", "") // the certificate is in TLSConfig
+			} else {
+				serveErr = srv.Serve(ln)
+			}
+			if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
+				st.errs <- fmt.Errorf("http API: %w", serveErr)
 			}
 		}()
-		fmt.Fprintf(out, "http: http://%s (API under /v1, metrics at /metrics)\n", ln.Addr())
+		stopReload := sec.reloadOnHUP(log)
+		defer stopReload()
+		fmt.Fprintf(out, "http: %s://%s (API under /v1, metrics at /metrics, probes at /healthz and /readyz; %s)\n", sec.scheme(), ln.Addr(), sec.describe())
 	}
 	fmt.Fprintln(out, "engine running; Ctrl-C stops it")
 	var runErr error

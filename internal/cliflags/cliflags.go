@@ -77,8 +77,7 @@ func FlagValue(fs *pflag.FlagSet, flag, env, value string) string {
 
 // Globals are the flags every command shares, bound as persistent flags.
 type Globals struct {
-	NATSURL   string // --nats-url, -s, --server; env NATS_URL; "" means the command's default
-	Creds     string // --creds; env NATS_CREDS
+	Conn      Conn   // the NATS connection flags (--server, --creds, --nkey, --tlscert, --tlskey, --tlsca, --context)
 	Prefix    string // --prefix; env WAYMARK_PREFIX; default kv.DefaultPrefix
 	LogLevel  string // --log-level; env WAYMARK_LOG_LEVEL; default warn
 	LogFormat string // --log-format; env WAYMARK_LOG_FORMAT; default text
@@ -89,21 +88,20 @@ type Globals struct {
 
 // Bind binds g's flags on cmd as persistent flags.
 func (g *Globals) Bind(cmd *cobra.Command) {
-	g.Flags = BindGlobals(cmd, &g.NATSURL, &g.Creds, &g.Prefix, &g.LogLevel, &g.LogFormat)
+	g.Flags = BindGlobals(cmd, &g.Conn, &g.Prefix, &g.LogLevel, &g.LogFormat)
 }
 
 // BindGlobals binds the shared flags to the given variables on cmd's
-// persistent flags and returns that flag set.
-func BindGlobals(cmd *cobra.Command, natsURL, creds, prefix, logLevel, logFormat *string) *pflag.FlagSet {
-	f := cmd.PersistentFlags()
-	f.StringVarP(natsURL, "nats-url", "s", os.Getenv("NATS_URL"), "NATS server URL (env NATS_URL); alias --server")
-	f.StringVar(creds, "creds", os.Getenv("NATS_CREDS"), "NATS credentials file (env NATS_CREDS)")
+// persistent flags and returns that flag set: the connection flags (see
+// BindConn), --prefix, --log-level and --log-format.
+func BindGlobals(cmd *cobra.Command, conn *Conn, prefix, logLevel, logFormat *string) *pflag.FlagSet {
+	f := BindConn(cmd.PersistentFlags(), conn)
 	f.StringVar(prefix, "prefix", EnvOr("WAYMARK_PREFIX", kv.DefaultPrefix), "prefix of every stream, bucket and subject (env WAYMARK_PREFIX)")
 	f.StringVar(logLevel, "log-level", EnvOr("WAYMARK_LOG_LEVEL", "warn"), "log level: debug, info, warn, error (env WAYMARK_LOG_LEVEL)")
 	f.StringVar(logFormat, "log-format", EnvOr("WAYMARK_LOG_FORMAT", "text"), "log format: text or json (env WAYMARK_LOG_FORMAT)")
-	// Global, so that --server also parses on the flag sets cobra merges
-	// the persistent flags into (every subcommand's, and cmd's own): on
-	// the persistent set alone the alias was never consulted.
+	// A global normalisation reaches the flag sets cobra merges the
+	// persistent flags into, and subcommands added later; a NormalizeFunc
+	// on f alone left --server refused as an unknown flag.
 	cmd.SetGlobalNormalizationFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
 		if name == "server" {
 			name = "nats-url"
@@ -143,22 +141,34 @@ func URL(url string) string {
 	return url
 }
 
-func baseOptions(name, creds string) []nats.Option {
-	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1)}
-	if creds != "" {
-		opts = append(opts, nats.UserCredentials(creds))
+// dial merges c with its context and checks its files (Conn.Resolve,
+// Settings.Options); errors are usage errors (ExitError, exit status 2).
+func dial(c Conn, fs *pflag.FlagSet, name string) (Settings, []nats.Option, error) {
+	s, err := c.Resolve(fs)
+	if err != nil {
+		return s, nil, &ExitError{Code: 2, Err: err}
 	}
-	return opts
+	opts, err := s.Options(c, fs)
+	if err != nil {
+		return s, nil, &ExitError{Code: 2, Err: err}
+	}
+	return s, append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1)}, opts...), nil
 }
 
-// Connect dials url ("" for nats.DefaultURL) once, for a one-shot
-// command: an unreachable server is an error at once, saying what to
-// check. Once connected, a lost connection is retried every 250ms.
-func Connect(url, creds, name string) (*nats.Conn, error) {
-	url = URL(url)
-	nc, err := nats.Connect(url, append(baseOptions(name, creds), nats.ReconnectWait(250*time.Millisecond))...)
+// Connect dials c's server once, for a one-shot command: an unreachable
+// server is an error at once, saying what to check. Once connected, a
+// lost connection is retried every 250ms. A bad flag or file (a missing
+// credentials file, a malformed seed) is an *ExitError with code 2 naming
+// the flag and the file. fs is where c was bound (nil is allowed). URLs
+// in errors have their credentials redacted.
+func Connect(c Conn, fs *pflag.FlagSet, name string) (*nats.Conn, error) {
+	s, opts, err := dial(c, fs, name)
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w (is an engine running? start `engine serve --data-dir DIR` on the data directory your jobs use (default .waymark), or point --nats-url / NATS_URL at your NATS server)", url, err)
+		return nil, err
+	}
+	nc, err := nats.Connect(s.URL, append(opts, nats.ReconnectWait(250*time.Millisecond))...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w (is an engine running? start `engine serve --data-dir DIR` on the data directory your jobs use (default .waymark), or point --nats-url (--server), NATS_URL or --context at your NATS server)", RedactURL(s.URL), err)
 	}
 	return nc, nil
 }
@@ -180,15 +190,20 @@ func ReconnectDelay(attempt int) time.Duration {
 	return d - time.Duration(rand.Int64N(int64(d)/5+1))
 }
 
-// ConnectWaiting dials url ("" for nats.DefaultURL) for a long-running
-// process and blocks until connected. While the server is unreachable,
+// ConnectWaiting dials c's server (see Connect for the settings and
+// their errors) for a long-running process and blocks until connected. While the server is unreachable,
 // at start or later, it retries with ReconnectDelay's backoff, logging
 // each retry at warn with the URL, the attempt, the next delay and the
 // last error (nats.go's RetryOnFailedConnect and CustomReconnectDelay).
 // It returns ctx's error if ctx ends first, and the connection's error if
-// the server refuses it for good (an authorisation error, say).
-func ConnectWaiting(ctx context.Context, url, creds, name string, log *slog.Logger) (*nats.Conn, error) {
-	url = URL(url)
+// the server refuses it for good (an authorisation error, say). Logged
+// URLs have their credentials redacted.
+func ConnectWaiting(ctx context.Context, c Conn, fs *pflag.FlagSet, name string, log *slog.Logger) (*nats.Conn, error) {
+	s, base, err := dial(c, fs, name)
+	if err != nil {
+		return nil, err
+	}
+	url := RedactURL(s.URL) // for messages; s.URL is dialled
 	if log == nil {
 		log = slog.Default()
 	}
@@ -203,7 +218,7 @@ func ConnectWaiting(ctx context.Context, url, creds, name string, log *slog.Logg
 		}
 		errs <- err
 	}
-	opts := append(baseOptions(name, creds),
+	opts := append(base,
 		nats.RetryOnFailedConnect(true),
 		nats.CustomReconnectDelay(func(attempt int) time.Duration {
 			d := ReconnectDelay(attempt)
@@ -228,7 +243,7 @@ func ConnectWaiting(ctx context.Context, url, creds, name string, log *slog.Logg
 		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("reconnected to NATS", "url", nc.ConnectedUrlRedacted()) }),
 		nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
 	)
-	nc, err := nats.Connect(url, opts...)
+	nc, err := nats.Connect(s.URL, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
 	}
@@ -257,11 +272,11 @@ func ConnectWaiting(ctx context.Context, url, creds, name string, log *slog.Logg
 }
 
 // Connect dials g's server once (see Connect).
-func (g *Globals) Connect(name string) (*nats.Conn, error) { return Connect(g.NATSURL, g.Creds, name) }
+func (g *Globals) Connect(name string) (*nats.Conn, error) { return Connect(g.Conn, g.Flags, name) }
 
 // ConnectWaiting dials g's server and waits for it (see ConnectWaiting).
 func (g *Globals) ConnectWaiting(ctx context.Context, name string, log *slog.Logger) (*nats.Conn, error) {
-	return ConnectWaiting(ctx, g.NATSURL, g.Creds, name, log)
+	return ConnectWaiting(ctx, g.Conn, g.Flags, name, log)
 }
 
 // kvEnv lists the environment variables that tune the JetStream layout.

@@ -41,9 +41,9 @@ func TestServerAliasParses(t *testing.T) {
 		if err := tc.cmd.ParseFlags([]string{"--server", "nats://example:4222"}); err != nil {
 			t.Fatalf("%s: --server: %v", tc.name, err)
 		}
-		if g.NATSURL != "nats://example:4222" {
-			t.Fatalf("%s: --server set NATSURL %q", tc.name, g.NATSURL)
+		if g.Conn.URL != "nats://example:4222" {
+			t.Fatalf("%s: --server set the URL %q", tc.name, g.Conn.URL)
 		}
-		g.NATSURL = ""
+		g.Conn.URL = ""
 	}
 }

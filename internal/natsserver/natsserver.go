@@ -55,6 +55,21 @@ type Config struct {
 	MaxStore int64
 	// Memory keeps JetStream in memory (tests): nothing survives a restart.
 	Memory bool
+	// EncryptionKey turns on JetStream's encryption at rest: stream, KV
+	// and object store files, and consumer state, under DataDir are
+	// encrypted with keys derived from it (the server's own encryption,
+	// JetStreamKey). At least MinKeyBytes. "" means no encryption. A data
+	// directory written encrypted refuses a start without its key
+	// (ErrKeyRequired) or with another (ErrWrongKey); a plain directory
+	// given a key is encrypted in place by the server as it starts.
+	EncryptionKey string
+	// EncryptionOldKey is the previous key during a rotation: the server
+	// decrypts with it what the new key cannot and writes everything again
+	// with EncryptionKey. Give it on one start, then drop it.
+	EncryptionOldKey string
+	// EncryptionCipher is CipherChaCha (default) or CipherAES. A change of
+	// cipher is applied by the server as it loads each stream.
+	EncryptionCipher string
 	// Logger receives the server's log; nil discards it.
 	Logger *slog.Logger
 	// Debug forwards the server's debug lines too.
@@ -173,15 +188,27 @@ func Start(cfg Config) (*Server, error) {
 			lock.Close()
 		}
 	}
+	commitEncryption := func() error { return nil }
+	if !cfg.Memory {
+		var err error
+		if commitEncryption, err = prepareEncryption(cfg, opts); err != nil {
+			release()
+			return nil, fmt.Errorf("embedded nats-server: %w", err)
+		}
+	} else if cfg.EncryptionKey != "" {
+		return nil, errors.New("embedded nats-server: encryption needs a data directory (not Memory)")
+	}
 	if cfg.Listen == "" {
 		opts.DontListen = true
 	} else {
 		host, port, err := net.SplitHostPort(cfg.Listen)
 		if err != nil {
+			release()
 			return nil, fmt.Errorf("embedded nats-server: listen address %q: %w", cfg.Listen, err)
 		}
 		p, err := strconv.Atoi(port)
 		if err != nil {
+			release()
 			return nil, fmt.Errorf("embedded nats-server: listen port %q: %w", port, err)
 		}
 		if p == 0 {
@@ -207,6 +234,11 @@ func Start(cfg Config) (*Server, error) {
 		ns.Shutdown()
 		release()
 		return nil, fmt.Errorf("embedded nats-server: not ready after 30s (data directory %s)", opts.StoreDir)
+	}
+	if err := commitEncryption(); err != nil {
+		ns.Shutdown()
+		release()
+		return nil, fmt.Errorf("embedded nats-server: %w", err)
 	}
 	srv := &Server{Server: ns, cfg: cfg, lock: lock}
 	if cfg.Memory {

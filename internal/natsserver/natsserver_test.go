@@ -140,3 +140,21 @@ func TestMaxStoreRefusesWritesAndRecovers(t *testing.T) {
 		t.Fatalf("after freeing space: %v", err)
 	}
 }
+
+// TestFailedStartReleasesTheDataDir: a start refused for a bad listen
+// address leaves the data directory free for the next one (it stayed
+// locked for the rest of the process).
+func TestFailedStartReleasesTheDataDir(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, listen := range []string{"nonsense", "127.0.0.1:port"} {
+		if _, err := Start(Config{DataDir: dir, Sync: SyncInterval, Listen: listen}); err == nil {
+			t.Fatalf("--listen %q accepted", listen)
+		}
+	}
+	s, err := Start(Config{DataDir: dir, Sync: SyncInterval})
+	if err != nil {
+		t.Fatalf("after failed starts: %v", err)
+	}
+	s.Stop(context.Background())
+}

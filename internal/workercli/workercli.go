@@ -22,6 +22,7 @@ import (
 
 	"github.com/waymark-dev/waymark/internal/cliflags"
 	"github.com/waymark-dev/waymark/internal/failpoint"
+	"github.com/waymark-dev/waymark/internal/health"
 	"github.com/waymark-dev/waymark/kv"
 	"github.com/waymark-dev/waymark/steps"
 )
@@ -92,12 +93,14 @@ backoff and logging each retry.`,
 				return &cliflags.ExitError{Code: 2, Err: err}
 			}
 			if metricsAddr != "" {
-				stop, addr, err := serveMetrics(metricsAddr, w)
+				n := st.Names
+				probes := &health.Checker{Conn: nc, Streams: []string{n.WorkStream, "KV_" + n.CheckpointBucket, "KV_" + n.EffectBucket}}
+				stop, addr, err := serveMetrics(metricsAddr, w, probes)
 				if err != nil {
 					return err
 				}
 				defer stop()
-				fmt.Fprintf(g.Stdout, "metrics: http://%s/metrics\n", addr)
+				fmt.Fprintf(g.Stdout, "metrics: http://%s/metrics (probes at /healthz and /readyz)\n", addr)
 			}
 			fmt.Fprintf(g.Stdout, "worker serving pool %q on %s (concurrency %d)\n", pool, nc.ConnectedUrlRedacted(), concurrency)
 			return w.Run(ctx)
@@ -107,7 +110,7 @@ backoff and logging each retry.`,
 	fl := cmd.Flags()
 	fl.StringVar(&pool, "pool", cliflags.EnvOr("WAYMARK_POOL", "default"), "worker pool to serve (env WAYMARK_POOL)")
 	fl.IntVar(&concurrency, "concurrency", steps.DefaultConcurrency, "steps run at once")
-	fl.StringVar(&metricsAddr, "metrics", cliflags.EnvOr("WAYMARK_WORKER_METRICS", ""), "serve Prometheus /metrics on this address, e.g. 127.0.0.1:9090 (env WAYMARK_WORKER_METRICS)")
+	fl.StringVar(&metricsAddr, "metrics", cliflags.EnvOr("WAYMARK_WORKER_METRICS", ""), "serve Prometheus /metrics and the probes /healthz and /readyz on this address, e.g. 127.0.0.1:9090 (env WAYMARK_WORKER_METRICS)")
 	sf.Bind(cmd)
 	cmd.SetOut(stdout)
 	cmd.SetErr(stderr)
@@ -115,8 +118,9 @@ backoff and logging each retry.`,
 	return cmd
 }
 
-// serveMetrics serves a worker's counters on addr until stop.
-func serveMetrics(addr string, w *steps.Worker) (stop func(), bound string, err error) {
+// serveMetrics serves a worker's counters on addr until stop, and the
+// liveness and readiness probes (internal/health).
+func serveMetrics(addr string, w *steps.Worker, probes *health.Checker) (stop func(), bound string, err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, "", fmt.Errorf("--metrics: listen on %s: %w", addr, err)
@@ -126,6 +130,7 @@ func serveMetrics(addr string, w *steps.Worker) (stop func(), bound string, err 
 	RegisterMetrics(reg, w)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	probes.Register(mux)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	return func() { _ = srv.Close() }, ln.Addr().String(), nil
