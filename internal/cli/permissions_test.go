@@ -250,6 +250,16 @@ func TestPermissionsRunAJob(t *testing.T) {
 		"the schedule started no job; violations:\n%s", p.log)
 	cli("schedule", "list")
 	cli("schedule", "remove", "tick")
+	// A CloudEvent over NATS, twice: the engine's intake answers the cli
+	// user, and the second delivery names the same job.
+	triggered := writeWorkflow(t, "name: perm-orders\nversion: 1\nsteps:\n  - {id: take, kind: noop}\ntriggers:\n  - {name: created, type: com.example.order.created}\n")
+	cli("triggers", "add", triggered)
+	data := writeFile(t, "order.json", `{"order_id": "o-1"}`)
+	first := strings.TrimSpace(cli("events", "send", "--type", "com.example.order.created", "--source", "/shop", "--id", "o-1", "--data", data))
+	again := strings.TrimSpace(cli("events", "send", "--type", "com.example.order.created", "--source", "/shop", "--id", "o-1", "--data", data))
+	if first == "" || !strings.Contains(again, strings.Fields(first)[0]) {
+		t.Errorf("the same event twice: %q, then %q; want the same job", first, again)
+	}
 
 	if v := p.log.violations(); len(v) > 0 {
 		t.Errorf("permission violations while running the jobs:\n%s", strings.Join(v, "\n"))
