@@ -29,9 +29,6 @@ import (
 
 // Stop bounds, from the code: what a process may still do after SIGTERM.
 const (
-	// workerDrainTimeout is steps.WorkerConfig.DrainTimeout's default
-	// (not exported as a constant).
-	workerDrainTimeout = 10 * time.Second
 	// engineHTTPShutdown is how long engine serve waits for HTTP requests
 	// in flight (internal/cli/serve.go).
 	engineHTTPShutdown = 5 * time.Second
@@ -40,9 +37,10 @@ const (
 	connDrain = 7 * time.Second
 )
 
-// workerStopBound is the longest a worker runs after SIGTERM: the pull in
-// flight ends, the steps in hand drain.
-var workerStopBound = steps.DefaultFetchWait + workerDrainTimeout
+// workerStopBound is the longest a worker under the default
+// --drain-timeout runs after SIGTERM: the pull in flight ends, the steps
+// in hand drain.
+var workerStopBound = steps.DefaultFetchWait + steps.DefaultDrainTimeout
 
 // engineStopBound is the longest engine serve runs after SIGTERM: the
 // HTTP API's shutdown, the engine's inbox batches (its publish timeout),
@@ -311,8 +309,12 @@ func TestManifests(t *testing.T) {
 			port := listenPort(t, where, "http", cl.value("http"))
 			checkProbes(t, where, c, port, cl.given("http-tlscert"))
 		case "worker":
-			if need := workerStopBound; grace < need {
-				t.Errorf("%s: terminationGracePeriodSeconds %v: a worker may take %v to stop (pull %v, drain %v)", where, grace, need, steps.DefaultFetchWait, workerDrainTimeout)
+			drain, err := time.ParseDuration(cl.value("drain-timeout"))
+			if err != nil {
+				t.Fatalf("%s: --drain-timeout: %v", where, err)
+			}
+			if need := steps.DefaultFetchWait + drain; grace < need {
+				t.Errorf("%s: terminationGracePeriodSeconds %v: a worker may take %v to stop (pull %v, --drain-timeout %v)", where, grace, need, steps.DefaultFetchWait, drain)
 			}
 			if !cl.given("metrics") {
 				t.Fatalf("%s: no --metrics: the probes need the worker's /healthz and /readyz", where)

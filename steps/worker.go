@@ -28,6 +28,7 @@ import (
 const (
 	DefaultConcurrency  = 64
 	DefaultFetchWait    = 2 * time.Second
+	DefaultDrainTimeout = 10 * time.Second
 	resultPublishTries  = 6
 	resultPublishTimout = 10 * time.Second
 	shutdownHandBack    = time.Second // redelivery delay of a step in hand at shutdown
@@ -130,7 +131,7 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 		cfg.FetchWait = DefaultFetchWait
 	}
 	if cfg.DrainTimeout == 0 {
-		cfg.DrainTimeout = 10 * time.Second
+		cfg.DrainTimeout = DefaultDrainTimeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -38,6 +38,7 @@ func New(stdout, stderr io.Writer, reg *steps.Registry) *cobra.Command {
 	g := &cliflags.Globals{Stdout: stdout, Stderr: stderr}
 	var pool, metricsAddr string
 	var concurrency int
+	var drain time.Duration
 	var sf cliflags.StepFlags
 	cmd := &cobra.Command{
 		Use:   "worker",
@@ -62,6 +63,9 @@ backoff and logging each retry.`,
 			}
 			if concurrency < 1 {
 				return &cliflags.ExitError{Code: 2, Err: fmt.Errorf("--concurrency %d: want 1 or more", concurrency)}
+			}
+			if drain <= 0 {
+				return &cliflags.ExitError{Code: 2, Err: fmt.Errorf("--drain-timeout %v: want a positive duration such as 10s or 2m", drain)}
 			}
 			if !poolRE.MatchString(pool) {
 				return &cliflags.ExitError{Code: 2, Err: fmt.Errorf("--pool %q: want lower-case letters, digits, '-' and '_', starting with a letter (at most 32)", pool)}
@@ -88,7 +92,7 @@ backoff and logging each retry.`,
 				return err
 			}
 			w, err := steps.NewWorker(steps.WorkerConfig{Store: st, Registry: reg, Env: env, Pool: pool,
-				Concurrency: concurrency, Logger: log, Failpoints: fp})
+				Concurrency: concurrency, DrainTimeout: drain, Logger: log, Failpoints: fp})
 			if err != nil {
 				return &cliflags.ExitError{Code: 2, Err: err}
 			}
@@ -110,6 +114,7 @@ backoff and logging each retry.`,
 	fl := cmd.Flags()
 	fl.StringVar(&pool, "pool", cliflags.EnvOr("WAYMARK_POOL", "default"), "worker pool to serve (env WAYMARK_POOL)")
 	fl.IntVar(&concurrency, "concurrency", steps.DefaultConcurrency, "steps run at once")
+	fl.DurationVar(&drain, "drain-timeout", steps.DefaultDrainTimeout, "on SIGTERM or ^C, how long steps in hand may run on before they are cancelled and handed back (match your orchestrator's grace period)")
 	fl.StringVar(&metricsAddr, "metrics", cliflags.EnvOr("WAYMARK_WORKER_METRICS", ""), "serve Prometheus /metrics and the probes /healthz and /readyz on this address, e.g. 127.0.0.1:9090 (env WAYMARK_WORKER_METRICS)")
 	sf.Bind(cmd)
 	cmd.SetOut(stdout)
