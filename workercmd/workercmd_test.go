@@ -10,7 +10,7 @@ import (
 // (exit 2), as with the engine command, before anything connects.
 func TestUsageErrorsExitTwo(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{{"--bogus"}, {"--concurrency", "0"}} {
+	for _, args := range [][]string{{"--bogus"}, {"--concurrency", "0"}, {"--drain-timeout", "0s"}, {"--drain-timeout", "soon"}} {
 		var out, errb bytes.Buffer
 		cmd := New(&out, &errb, nil)
 		cmd.SetArgs(args)
