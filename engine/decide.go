@@ -204,6 +204,17 @@ items:
 				p.tally.stale++
 				continue
 			}
+			if it.signal.Type == schemas.SignalFlow {
+				// A wake-up for a dispatch waiting on a flow limit: the
+				// admission after this decision tries it again.
+				if !flowSignalApplies(cp, it.signal) {
+					p.tally.stale++
+					continue
+				}
+				applyFlowSignal(cp, it.signal)
+				changed, cause = true, it.msgID
+				continue
+			}
 			if !signalMayApply(cp, it.signal) {
 				if !changed && !p.leader {
 					p.wantLeader = p.fresh

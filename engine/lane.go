@@ -112,6 +112,10 @@ type plan struct {
 	// conflicted: this plan lost a compare-and-swap in this batch, so
 	// another handler was alive and applying the same messages moments ago.
 	conflicted bool
+	// flowSlots: concurrency slots taken for the plan's dispatches in this
+	// batch, by message id: a decision made again after a conflict takes
+	// the same ones; released after the write if it does not name them.
+	flowSlots map[string]string
 	// stopped: the transition stopped the job with work in flight (its
 	// deadline passed): after the write, as after a cancel, its queued
 	// step messages are removed and its child jobs cancelled.
@@ -214,6 +218,8 @@ func (e *Engine) handleBatch(ctx context.Context, msgs []jetstream.Msg) *settlem
 				writes = append(writes, p)
 			}
 		}
+		e.admitFlow(ctx, writes)
+		writes = slices.DeleteFunc(writes, func(p *plan) bool { return p.next == nil || p.err != nil })
 		e.storeOutboxes(ctx, writes)
 		again = append(again, e.write(ctx, writes)...)
 		pending = again

@@ -402,6 +402,13 @@ func (w *jsonw) dispatch(d *Dispatch) {
 	if d.Wait != "" {
 		w.strField("wait", d.Wait)
 	}
+	if d.Slot != "" {
+		w.strField("slot", d.Slot)
+	}
+	if d.Waiting != nil {
+		b, _ := Marshal(d.Waiting)
+		w.rawField("waiting", b)
+	}
 	w.close()
 }
 
@@ -536,6 +543,10 @@ func (w *jsonw) historyData(d *HistoryData) {
 	if len(d.Runs) > 0 {
 		b, _ := Marshal(d.Runs)
 		w.rawField("runs", b)
+	}
+	if d.Flow != nil {
+		b, _ := Marshal(d.Flow)
+		w.rawField("flow", b)
 	}
 	w.close()
 }

@@ -1,0 +1,344 @@
+package kv
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/waymark-dev/waymark/schemas"
+)
+
+// Flow is the flow-control bucket (<prefix>_flow) that engines share to
+// hold workflow steps' concurrency and rate limits across processes
+// (schemas.Concurrency, schemas.RateLimit). Its keys, every token made
+// key-safe by the caller (schemas.FlowLimitID, schemas.FlowKeyDigest):
+//
+//	c.<limit>.<key digest>.<slot>                 a concurrency slot, 0..N-1; value FlowHolder
+//	w.<limit>.<key digest>.<rank>.<since>.<id>    a dispatch waiting for a slot; value FlowHolder
+//	r.<limit>.<key digest>                        the current rate window; value FlowWindow
+//
+// Acquiring a slot is a KV Create (atomic across engines); releasing is a
+// delete on the revision read, or a hand-over to the first waiter (an
+// update on that revision). rank is 999 minus the priority, three digits,
+// and since a zero-padded Unix time in nanoseconds, so that the waiters of
+// one limit sort by priority (higher first), then age. `nats kv ls
+// waymark_flow` shows what holds and what waits.
+type Flow struct {
+	kv jetstream.KeyValue
+}
+
+// FlowHolder names the dispatch that holds (or waits for) a slot.
+type FlowHolder struct {
+	Job   string    `json:"job"`
+	Step  string    `json:"step"`
+	MsgID string    `json:"msg_id"`         // the dispatch's step message id
+	Key   string    `json:"key,omitempty"`  // the limit's rendered key
+	At    time.Time `json:"at"`             // when it took the slot (or began to wait)
+	Prio  int       `json:"prio,omitempty"` // a waiter's priority
+}
+
+// FlowSlot is a slot as listed: its key, holder and revision.
+type FlowSlot struct {
+	Key      string
+	Holder   FlowHolder
+	Revision uint64
+	Created  time.Time // when the entry was written (acquired or handed over)
+}
+
+// FlowWindow is a rate window's count: the dispatches admitted in the
+// fixed window [Start, Start+Period), the first 100 of them by message id.
+type FlowWindow struct {
+	Start  time.Time `json:"start"`
+	Period int64     `json:"period_ms"`
+	Count  int       `json:"count"`
+	IDs    []string  `json:"ids,omitempty"`
+}
+
+const maxWindowIDs = 100
+
+// SlotKey is the key of slot i of limit and key digest kd.
+func SlotKey(limit, kd string, i int) string {
+	return "c." + limit + "." + kd + "." + strconv.Itoa(i)
+}
+
+// waiterPrefix is the key prefix of limit and kd's waiters.
+func waiterPrefix(limit, kd string) string { return "w." + limit + "." + kd + "." }
+
+// WaiterKey is the key of a dispatch (message id digest id) waiting for
+// limit and kd with priority prio since since.
+func WaiterKey(limit, kd string, prio int, since time.Time, id string) string {
+	return fmt.Sprintf("%s%03d.%019d.%s", waiterPrefix(limit, kd), 999-max(0, min(prio, 999)), since.UnixNano(), id)
+}
+
+// SlotOf returns the limit and key-digest part of a slot key ("c.<limit>.<kd>.<i>"), ok false
+// when key is not a slot key.
+func SlotOf(key string) (limit, kd string, ok bool) {
+	parts := strings.Split(key, ".")
+	if len(parts) != 4 || parts[0] != "c" {
+		return "", "", false
+	}
+	return parts[1], parts[2], true
+}
+
+// Acquire takes the first free slot of limit and kd among n (a Create on
+// each in turn, starting at start mod n so that holders spread), for
+// holder. It returns the slot key, or "" when all n are taken, and how
+// many it found taken. Safe across engines: two Creates of one key never
+// both succeed.
+func (f *Flow) Acquire(ctx context.Context, limit, kd string, n, start int, holder FlowHolder) (string, int, error) {
+	data, _ := json.Marshal(holder)
+	taken := 0
+	for j := 0; j < n; j++ {
+		key := SlotKey(limit, kd, (start+j)%n)
+		_, err := f.kv.Create(ctx, key, data)
+		if err == nil {
+			return key, taken, nil
+		}
+		if !isRevisionConflict(err) {
+			return "", taken, fmt.Errorf("acquire flow slot %s: %w", key, err)
+		}
+		taken++
+	}
+	return "", taken, nil
+}
+
+// Slot reads the slot under key; schemas.ErrNotFound when it is free.
+func (f *Flow) Slot(ctx context.Context, key string) (FlowSlot, error) {
+	ent, err := f.kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return FlowSlot{}, fmt.Errorf("flow slot %s: %w", key, schemas.ErrNotFound)
+	}
+	if err != nil {
+		return FlowSlot{}, fmt.Errorf("read flow slot %s: %w", key, err)
+	}
+	s := FlowSlot{Key: key, Revision: ent.Revision(), Created: ent.Created()}
+	_ = json.Unmarshal(ent.Value(), &s.Holder) // unreadable: a holder of no job, freed by the reconciler
+	return s, nil
+}
+
+// Wait records holder as waiting for limit and kd (WaiterKey); a second
+// record of the same key is a no-op. It returns the waiter's key.
+func (f *Flow) Wait(ctx context.Context, key string, holder FlowHolder) error {
+	data, _ := json.Marshal(holder)
+	if _, err := f.kv.Create(ctx, key, data); err != nil && !isRevisionConflict(err) {
+		return fmt.Errorf("record flow waiter %s: %w", key, err)
+	}
+	return nil
+}
+
+// Unwait removes a waiter's record (it was admitted, or its job ended).
+func (f *Flow) Unwait(ctx context.Context, key string) error {
+	if err := f.kv.Delete(ctx, key); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("remove flow waiter %s: %w", key, err)
+	}
+	return nil
+}
+
+// Release frees the slot under key if holderMsgID still holds it: it is
+// handed over to the first waiter of its limit and key (an update on the
+// revision read, whose record is then removed), which it returns with its
+// waiter key, or deleted on that revision when none waits. A slot held by
+// another dispatch, or free, is left alone (nil, "", nil). A lost race
+// (the slot changed meanwhile) also leaves it: whoever changed it owns it.
+func (f *Flow) Release(ctx context.Context, key, holderMsgID string) (*FlowHolder, string, error) {
+	s, err := f.Slot(ctx, key)
+	if errors.Is(err, schemas.ErrNotFound) {
+		return nil, "", nil
+	}
+	if err != nil {
+		return nil, "", err
+	}
+	if holderMsgID != "" && s.Holder.MsgID != holderMsgID {
+		return nil, "", nil
+	}
+	return f.handOver(ctx, s)
+}
+
+func (f *Flow) handOver(ctx context.Context, s FlowSlot) (*FlowHolder, string, error) {
+	limit, kd, ok := SlotOf(s.Key)
+	if !ok {
+		return nil, "", fmt.Errorf("release flow slot %q: not a slot key", s.Key)
+	}
+	waiters, err := f.keys(ctx, waiterPrefix(limit, kd)+">")
+	if err != nil {
+		return nil, "", err
+	}
+	slices.Sort(waiters)
+	for _, wk := range waiters {
+		ent, err := f.kv.Get(ctx, wk)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // admitted or gone meanwhile
+		}
+		if err != nil {
+			return nil, "", fmt.Errorf("read flow waiter %s: %w", wk, err)
+		}
+		var h FlowHolder
+		if json.Unmarshal(ent.Value(), &h) != nil {
+			_ = f.Unwait(ctx, wk)
+			continue
+		}
+		h.At = time.Now().UTC()
+		data, _ := json.Marshal(h)
+		if _, err := f.kv.Update(ctx, s.Key, data, s.Revision); err != nil {
+			if isRevisionConflict(err) {
+				return nil, "", nil
+			}
+			return nil, "", fmt.Errorf("hand flow slot %s to %s: %w", s.Key, h.MsgID, err)
+		}
+		if err := f.Unwait(ctx, wk); err != nil {
+			return &h, wk, err
+		}
+		return &h, wk, nil
+	}
+	if err := f.kv.Delete(ctx, s.Key, jetstream.LastRevision(s.Revision)); err != nil && !isRevisionConflict(err) && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, "", fmt.Errorf("release flow slot %s: %w", s.Key, err)
+	}
+	return nil, "", nil
+}
+
+// ReleaseSlot frees s as Release does, whoever holds it: for the
+// reconciler, once it found the holder's job no longer holds it.
+func (f *Flow) ReleaseSlot(ctx context.Context, s FlowSlot) (*FlowHolder, string, error) {
+	return f.handOver(ctx, s)
+}
+
+// Slots calls fn with every slot held, of every limit; fn returns false to
+// stop. Its cost follows the slots in use, not the jobs that ever ran.
+func (f *Flow) Slots(ctx context.Context, fn func(FlowSlot) bool) error {
+	keys, err := f.keys(ctx, "c.>")
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		s, err := f.Slot(ctx, k)
+		if errors.Is(err, schemas.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if !fn(s) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// Waiters calls fn with every waiter's key and record; fn returns false
+// to stop.
+func (f *Flow) Waiters(ctx context.Context, fn func(key string, h FlowHolder) bool) error {
+	keys, err := f.keys(ctx, "w.>")
+	if err != nil {
+		return err
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		ent, err := f.kv.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("read flow waiter %s: %w", k, err)
+		}
+		var h FlowHolder
+		_ = json.Unmarshal(ent.Value(), &h)
+		if !fn(k, h) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// keys lists the keys under filter; none is not an error.
+func (f *Flow) keys(ctx context.Context, filter string) ([]string, error) {
+	l, err := f.kv.ListKeysFiltered(ctx, filter)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrNoKeysFound) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("list flow keys %s: %w", filter, err)
+	}
+	defer func() { _ = l.Stop() }()
+	var out []string
+	for k := range l.Keys() {
+		out = append(out, k)
+	}
+	return out, nil
+}
+
+// Count admits one dispatch (id, its message id) into the rate window of
+// limit and kd that holds now: windows of period aligned on the Unix
+// epoch, at most n dispatches in each. It returns whether it was admitted,
+// the window (its count after admission, or the full count) and the
+// window's end. An id counted in the window already is admitted again
+// without counting (an engine deciding again after a conflict). Every
+// write is a compare-and-swap; a lost race reads and tries again.
+func (f *Flow) Count(ctx context.Context, limit, kd string, n int, period time.Duration, now time.Time, id string) (bool, FlowWindow, error) {
+	key := "r." + limit + "." + kd
+	start := now.Truncate(period).UTC()
+	for try := 0; try < 16; try++ {
+		ent, err := f.kv.Get(ctx, key)
+		var w FlowWindow
+		var rev uint64
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil:
+			return false, w, fmt.Errorf("read rate window %s: %w", key, err)
+		default:
+			rev = ent.Revision()
+			_ = json.Unmarshal(ent.Value(), &w)
+		}
+		if !w.Start.Equal(start) || w.Period != period.Milliseconds() {
+			if w.Start.After(start) && w.Period == period.Milliseconds() {
+				// Another engine's clock is ahead: count in its window.
+				start = w.Start
+			} else {
+				w = FlowWindow{Start: start, Period: period.Milliseconds()}
+			}
+		}
+		if slices.Contains(w.IDs, id) {
+			return true, w, nil
+		}
+		if w.Count >= n {
+			return false, w, nil
+		}
+		w.Count++
+		if len(w.IDs) < maxWindowIDs {
+			w.IDs = append(w.IDs, id)
+		}
+		data, _ := json.Marshal(w)
+		if rev == 0 {
+			_, err = f.kv.Create(ctx, key, data)
+		} else {
+			_, err = f.kv.Update(ctx, key, data, rev)
+		}
+		if err == nil {
+			return true, w, nil
+		}
+		if !isRevisionConflict(err) {
+			return false, w, fmt.Errorf("count in rate window %s: %w", key, err)
+		}
+	}
+	return false, FlowWindow{}, fmt.Errorf("count in rate window %s: it kept changing", key)
+}
+
+// Window reads the current rate window of limit and kd (tests, status).
+func (f *Flow) Window(ctx context.Context, limit, kd string) (FlowWindow, error) {
+	var w FlowWindow
+	ent, err := f.kv.Get(ctx, "r."+limit+"."+kd)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return w, fmt.Errorf("rate window %s.%s: %w", limit, kd, schemas.ErrNotFound)
+	}
+	if err != nil {
+		return w, fmt.Errorf("read rate window %s.%s: %w", limit, kd, err)
+	}
+	err = json.Unmarshal(ent.Value(), &w)
+	return w, err
+}
