@@ -35,9 +35,11 @@ import (
 // the other. Workflows that declare no limit skip all of it: no KV round
 // trip.
 
-// FlowGrace is how old a concurrency slot must be before the reconciler
-// may free it for a holder whose checkpoint does not name it: an engine
-// takes a slot before it writes the checkpoint that records it.
+// FlowGrace is how old a concurrency slot taken for a checkpoint not yet
+// written must be before the reconciler frees it: an engine takes a slot
+// before it writes the checkpoint that records it. A slot whose holder's
+// checkpoint was written at or past the slot's sequence without naming it
+// is freed at once.
 const FlowGrace = 30 * time.Second
 
 // stepFlow is what a step's flow settings compile to.
@@ -334,7 +336,15 @@ func (e *Engine) wait(d *schemas.Dispatch, w *schemas.FlowWait) (bool, event, er
 // count in use when every slot is taken.
 func (e *Engine) takeSlot(ctx context.Context, p *plan, cp *schemas.Checkpoint, d *schemas.Dispatch, c *flowLimit, key, kd string, prio int, free *[]string, now time.Time) (string, int, error) {
 	if s := p.flowSlots[d.MsgID]; s != "" {
-		return s, 0, nil
+		// Taken in an earlier round of this batch, for another sequence.
+		ok, err := e.store.Flow.Refresh(ctx, s, cp.JobID, d.MsgID, cp.Seq)
+		if err != nil {
+			return "", 0, err
+		}
+		if ok {
+			return s, 0, nil
+		}
+		delete(p.flowSlots, d.MsgID)
 	}
 	if w := d.Waiting; w != nil && w.Offer != "" {
 		s, err := e.store.Flow.Slot(ctx, w.Offer)
@@ -366,7 +376,7 @@ func (e *Engine) takeSlot(ctx context.Context, p *plan, cp *schemas.Checkpoint, 
 }
 
 func holderOf(cp *schemas.Checkpoint, d *schemas.Dispatch, key string, now time.Time) kv.FlowHolder {
-	return kv.FlowHolder{Job: cp.JobID, Step: d.Step, MsgID: d.MsgID, Key: key, At: now}
+	return kv.FlowHolder{Job: cp.JobID, Step: d.Step, MsgID: d.MsgID, Key: key, At: now, Seq: cp.Seq}
 }
 
 // slotStart spreads holders over the slots: the first one tried.
@@ -434,7 +444,7 @@ func applyFlowSignal(cp *schemas.Checkpoint, sig *schemas.Signal) {
 // limit, and removes the waiting records of dispatches that are gone. A
 // failure is logged: the reconciler frees what is left.
 func (e *Engine) releaseFlow(ctx context.Context, ps []*plan) {
-	if e.store.Flow == nil {
+	if e.store.Flow == nil || e.skipFlowRelease {
 		return
 	}
 	for _, p := range ps {
@@ -544,16 +554,16 @@ func (e *Engine) reconcileFlow(ctx context.Context) error {
 		}
 	}
 	for _, s := range slots {
-		if now.Sub(s.Created) < FlowGrace {
-			continue
-		}
-		held, waiting, err := e.holds(ctx, s.Holder.Job, s.Key, s.Holder.MsgID)
+		held, waiting, seq, err := e.holds(ctx, s.Holder.Job, s.Key, s.Holder.MsgID)
 		if err != nil {
 			note(err)
 			continue
 		}
 		switch {
 		case held:
+		case !waiting && seq < s.Holder.Seq && now.Sub(s.Created) < e.flowGrace:
+			// Taken for a checkpoint not written yet (or never: then the
+			// job's next transition, or the grace, tells).
 		case waiting:
 			note(e.wakeFlow(ctx, s.Holder.Job, s.Holder.MsgID, s.Key, "the reconciler: a slot handed to it"))
 		default:
@@ -574,7 +584,7 @@ func (e *Engine) reconcileFlow(ctx context.Context) error {
 		if now.Sub(h.At) < FlowGrace {
 			return true
 		}
-		_, waiting, err := e.holds(ctx, h.Job, "", h.MsgID)
+		_, waiting, _, err := e.holds(ctx, h.Job, "", h.MsgID)
 		if err == nil && !waiting {
 			stale = append(stale, key)
 		}
@@ -586,20 +596,23 @@ func (e *Engine) reconcileFlow(ctx context.Context) error {
 	return first
 }
 
-// holds reports whether job's checkpoint has a dispatch holding slot, and
-// whether it has dispatch msgID waiting.
-func (e *Engine) holds(ctx context.Context, job, slot, msgID string) (held, waiting bool, err error) {
+// holds reports whether job's checkpoint has a dispatch holding slot,
+// whether it has dispatch msgID waiting, and the checkpoint's sequence
+// (the largest for a job that is gone or ended: nothing of it can hold a
+// slot any more).
+func (e *Engine) holds(ctx context.Context, job, slot, msgID string) (held, waiting bool, seq uint64, err error) {
 	ent, err := e.store.Checkpoints.Get(ctx, job)
 	if errors.Is(err, schemas.ErrNotFound) {
-		return false, false, nil
+		return false, false, ^uint64(0), nil
 	}
 	if err != nil {
-		return false, false, fmt.Errorf("reconcile flow: job %s: %w", job, err)
+		return false, false, 0, fmt.Errorf("reconcile flow: job %s: %w", job, err)
 	}
 	cp := ent.Checkpoint
 	if cp.Status.Terminal() {
-		return false, false, nil
+		return false, false, ^uint64(0), nil
 	}
+	seq = cp.Seq
 	for _, d := range cp.Dispatches() {
 		if slot != "" && d.Slot == slot {
 			held = true
@@ -608,7 +621,7 @@ func (e *Engine) holds(ctx context.Context, job, slot, msgID string) (held, wait
 			waiting = true
 		}
 	}
-	return held, waiting, nil
+	return held, waiting, seq, nil
 }
 
 // nudgeWaiting is the reconciler's retry of cp's waiting dispatches: a

@@ -42,6 +42,11 @@ type FlowHolder struct {
 	Key   string    `json:"key,omitempty"`  // the limit's rendered key
 	At    time.Time `json:"at"`             // when it took the slot (or began to wait)
 	Prio  int       `json:"prio,omitempty"` // a waiter's priority
+	// Seq is the sequence of the checkpoint that records the slot, written
+	// after the slot is taken: a checkpoint of the job at Seq or later that
+	// does not name the slot means it was left behind. 0 for a slot handed
+	// over (the waiter's checkpoint names it once it takes it).
+	Seq uint64 `json:"seq,omitempty"`
 }
 
 // FlowSlot is a slot as listed: its key, holder and revision.
@@ -107,6 +112,35 @@ func (f *Flow) Acquire(ctx context.Context, limit, kd string, n, start int, hold
 		taken++
 	}
 	return "", taken, nil
+}
+
+// Refresh rewrites the Seq of the slot under key, which holder (job and
+// message id) must still hold: a decision made again after a conflict
+// records the slot at a later sequence. ok false when the slot is free or
+// held by another (it must be taken again).
+func (f *Flow) Refresh(ctx context.Context, key, job, msgID string, seq uint64) (bool, error) {
+	s, err := f.Slot(ctx, key)
+	if errors.Is(err, schemas.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if s.Holder.Job != job || s.Holder.MsgID != msgID {
+		return false, nil
+	}
+	if s.Holder.Seq == seq {
+		return true, nil
+	}
+	s.Holder.Seq = seq
+	data, _ := json.Marshal(s.Holder)
+	if _, err := f.kv.Update(ctx, key, data, s.Revision); err != nil {
+		if isRevisionConflict(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("refresh flow slot %s: %w", key, err)
+	}
+	return true, nil
 }
 
 // Slot reads the slot under key; schemas.ErrNotFound when it is free.
@@ -184,7 +218,7 @@ func (f *Flow) handOver(ctx context.Context, s FlowSlot) (*FlowHolder, string, e
 			_ = f.Unwait(ctx, wk)
 			continue
 		}
-		h.At = time.Now().UTC()
+		h.At, h.Seq = time.Now().UTC(), 0
 		data, _ := json.Marshal(h)
 		if _, err := f.kv.Update(ctx, s.Key, data, s.Revision); err != nil {
 			if isRevisionConflict(err) {
