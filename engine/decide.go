@@ -208,8 +208,25 @@ items:
 				// A wake-up for a dispatch waiting on a flow limit: the
 				// admission after this decision tries it again.
 				if !flowSignalApplies(cp, it.signal) {
+					if it.signal.Key != "" && !cp.Status.Terminal() && dispatchByID(cp, it.signal.ID) == nil && it.delivered < flowRedeliveries {
+						// A slot handed over while the dispatch's waiting
+						// record was being written (maybe by another engine):
+						// it comes again once that is stored.
+						if !changed && !p.leader {
+							p.wantLeader = p.fresh
+							return true
+						}
+						it.later = flowRetryDelay
+						continue
+					}
 					p.tally.stale++
 					continue
+				}
+				if !needDef(cp.DefinitionHash) {
+					if p.err != nil {
+						return false
+					}
+					break items
 				}
 				applyFlowSignal(cp, it.signal)
 				changed, cause = true, it.msgID

@@ -73,7 +73,11 @@ func compileFlow(def *schemas.Definition) ([]*stepFlow, error) {
 			if err != nil {
 				return nil, schemas.Errorf(schemas.CodeDefinitionInvalid, "steps[%d]: %v", i, err)
 			}
-			sf.conc = &flowLimit{id: schemas.FlowLimitID(def.Name, s.ID), n: c.Limit, key: t}
+			id := schemas.FlowLimitID(def.Name, s.ID)
+			if c.Group != "" {
+				id = schemas.FlowLimitID("group", c.Group)
+			}
+			sf.conc = &flowLimit{id: id, n: c.Limit, key: t}
 		}
 		if r := s.RateLimit; r != nil {
 			t, err := schemas.ParseFlowKey(s.ID, "rate_limit.key", r.Key)
@@ -275,6 +279,14 @@ func (e *Engine) admitOne(ctx context.Context, p *plan, cp *schemas.Checkpoint, 
 				if err := e.store.Flow.Unwait(ctx, w.Ticket); err != nil {
 					return false, event{}, err
 				}
+			} else if e.store.Flow.Waiting(ctx, w.Ticket) {
+				return e.wait(d, w)
+			} else if handed, err := e.store.Flow.HeldBy(ctx, c.id, kd, c.n, cp.JobID, d.MsgID); err != nil {
+				return false, event{}, err
+			} else if handed != "" {
+				// Handed a slot between the record and now.
+				slot = handed
+				p.flowSlots[d.MsgID] = slot
 			} else {
 				return e.wait(d, w)
 			}
@@ -407,6 +419,24 @@ func (e *Engine) scheduleFlowTimer(ctx context.Context, cp *schemas.Checkpoint, 
 	}
 	name := timerName("flow", d.Step+"-"+strconv.Itoa(d.Item))
 	return e.store.ScheduleTimer(ctx, cp.JobID, name, until, kv.InboxSignal, nil, sig, d.MsgID+"/flow/w"+strconv.FormatInt(until.Unix(), 10))
+}
+
+// A flow wake-up for a dispatch its job's checkpoint does not have yet is
+// given back flowRetryDelay later, up to flowRedeliveries deliveries; then
+// dropped (the reconciler offers the slot again).
+const (
+	flowRetryDelay   = 250 * time.Millisecond
+	flowRedeliveries = 20
+)
+
+// dispatchByID returns cp's dispatch in flight whose message id is id, or nil.
+func dispatchByID(cp *schemas.Checkpoint, id string) *schemas.Dispatch {
+	for _, d := range cp.Dispatches() {
+		if d.MsgID == id {
+			return d
+		}
+	}
+	return nil
 }
 
 // flowSignalApplies reports whether a flow wake-up finds a dispatch of cp

@@ -76,6 +76,9 @@ type inboxItem struct {
 	// give it back (delayed) instead of acknowledging, so that if that
 	// handler dies before publishing, the message returns.
 	handBack bool
+	// later: give the message back to be delivered again after this long
+	// (a flow wake-up that came before the checkpoint it is for).
+	later time.Duration
 }
 
 // plan is what a batch does to one job.
@@ -588,6 +591,8 @@ func (e *Engine) settle(ps []*plan) {
 			switch {
 			case it.handBack && p.err == nil:
 				_ = it.msg.NakWithDelay(2 * e.store.Config.InboxAckWait)
+			case it.later > 0 && p.err == nil:
+				_ = it.msg.NakWithDelay(it.later)
 			case p.keep && p.err == nil:
 				_ = it.msg.NakWithDelay(p.keepDelay)
 			case p.err != nil:

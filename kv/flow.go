@@ -143,6 +143,32 @@ func (f *Flow) Refresh(ctx context.Context, key, job, msgID string, seq uint64) 
 	return true, nil
 }
 
+// HeldBy returns the slot of limit and kd (among n) whose holder is
+// job's dispatch msgID, "" when none: a slot handed to a waiter before its
+// waiting record was stored. n reads.
+func (f *Flow) HeldBy(ctx context.Context, limit, kd string, n int, job, msgID string) (string, error) {
+	for i := 0; i < n; i++ {
+		s, err := f.Slot(ctx, SlotKey(limit, kd, i))
+		if errors.Is(err, schemas.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		if s.Holder.Job == job && s.Holder.MsgID == msgID {
+			return s.Key, nil
+		}
+	}
+	return "", nil
+}
+
+// Waiting reports whether the waiter record under key is still there
+// (false also when it cannot be read).
+func (f *Flow) Waiting(ctx context.Context, key string) bool {
+	_, err := f.kv.Get(ctx, key)
+	return err == nil
+}
+
 // Slot reads the slot under key; schemas.ErrNotFound when it is free.
 func (f *Flow) Slot(ctx context.Context, key string) (FlowSlot, error) {
 	ent, err := f.kv.Get(ctx, key)

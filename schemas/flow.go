@@ -40,6 +40,13 @@ type Concurrency struct {
 	// idempotency_key), splits the limit: one limit per rendered value (per
 	// customer, say). Empty: one limit for the step across all jobs.
 	Key string `json:"key,omitempty"`
+	// Group shares the limit between every step, of any workflow, that
+	// names the same group (Inngest's account-scoped concurrency keys):
+	// "payments" held by the charge steps of two workflows, whose
+	// priorities then order their waiters. Empty: the limit is the step's
+	// own (its workflow's name and step id). Each step admits against its
+	// own Limit.
+	Group string `json:"group,omitempty"`
 }
 
 // RateLimit limits how many dispatches start per period: fixed windows
