@@ -156,10 +156,10 @@ type JobSummary struct {
 	CurrentStep string            `json:"current_step,omitempty"`
 	// Waiting says what the job's first dispatch waiting for a flow limit
 	// waits for (FlowWait.Reason); empty when none waits.
-	Waiting string `json:"waiting,omitempty"`
-	Error       *schemas.Error    `json:"error,omitempty"`
-	CreatedAt   time.Time         `json:"created_at"`
-	UpdatedAt   time.Time         `json:"updated_at"`
+	Waiting   string         `json:"waiting,omitempty"`
+	Error     *schemas.Error `json:"error,omitempty"`
+	CreatedAt time.Time      `json:"created_at"`
+	UpdatedAt time.Time      `json:"updated_at"`
 }
 
 // NewJobView builds the record of cp. def may be nil (steps then appear in
