@@ -219,6 +219,13 @@ items:
 						it.later = flowRetryDelay
 						continue
 					}
+					if it.signal.Key != "" {
+						if d := dispatchByID(cp, it.signal.ID); d == nil || d.Slot != it.signal.Key {
+							// A slot handed to a dispatch that got another, or
+							// that is gone: pass it on once settled.
+							p.flowDrop = append(p.flowDrop, [2]string{it.signal.Key, it.signal.ID})
+						}
+					}
 					p.tally.stale++
 					continue
 				}
@@ -227,6 +234,9 @@ items:
 						return false
 					}
 					break items
+				}
+				if d := dispatchByID(cp, it.signal.ID); it.signal.Key != "" && d != nil && d.Slot != "" && d.Slot != it.signal.Key {
+					p.flowDrop = append(p.flowDrop, [2]string{it.signal.Key, it.signal.ID}) // it holds one already
 				}
 				applyFlowSignal(cp, it.signal)
 				changed, cause = true, it.msgID

@@ -478,6 +478,13 @@ func (e *Engine) releaseFlow(ctx context.Context, ps []*plan) {
 		return
 	}
 	for _, p := range ps {
+		if p.err == nil {
+			for _, dr := range p.flowDrop {
+				if err := e.releaseHandedSlot(ctx, dr[0], p.job, dr[1]); err != nil {
+					e.log.Warn("could not pass on a flow slot handed to a dispatch that no longer waits; the reconciler frees it", "job", p.job, "slot", dr[0], "err", err)
+				}
+			}
+		}
 		if p.err != nil || p.next == nil || p.rev == 0 {
 			continue
 		}
@@ -541,6 +548,27 @@ func (e *Engine) releaseSlot(ctx context.Context, slot, job string) error {
 	}
 	if s.Holder.Job != job {
 		return nil // handed over already
+	}
+	h, _, err := e.store.Flow.ReleaseSlot(ctx, s)
+	if err != nil || h == nil {
+		return err
+	}
+	e.ctr.flowHandedOver.Add(1)
+	return e.wakeFlow(ctx, h.Job, h.MsgID, slot, "a slot of its concurrency limit was handed to it")
+}
+
+// releaseHandedSlot releases slot if job's dispatch msgID holds it (it
+// was handed to it, and it no longer waits).
+func (e *Engine) releaseHandedSlot(ctx context.Context, slot, job, msgID string) error {
+	s, err := e.store.Flow.Slot(ctx, slot)
+	if errors.Is(err, schemas.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if s.Holder.Job != job || s.Holder.MsgID != msgID {
+		return nil
 	}
 	h, _, err := e.store.Flow.ReleaseSlot(ctx, s)
 	if err != nil || h == nil {

@@ -106,10 +106,6 @@ name: orders
 version: 1
 input_schema: {type: object, required: [customer], properties: {customer: {type: string}}}
 steps:
-  - id: prep
-    kind: noop
-    save_as: prep
-    next: [{to: charge}]
   - id: charge
     kind: noop
     save_as: charged

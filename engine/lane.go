@@ -119,6 +119,10 @@ type plan struct {
 	// batch, by message id: a decision made again after a conflict takes
 	// the same ones; released after the write if it does not name them.
 	flowSlots map[string]string
+	// flowDrop: slots (and the message ids they were handed to) that a
+	// flow wake-up offered to a dispatch that no longer waits: released
+	// once the plan is settled.
+	flowDrop [][2]string
 	// stopped: the transition stopped the job with work in flight (its
 	// deadline passed): after the write, as after a cancel, its queued
 	// step messages are removed and its child jobs cancelled.
@@ -319,6 +323,7 @@ func (e *Engine) load(ctx context.Context, ps []*plan, fresh bool) {
 	sem := make(chan struct{}, 32)
 	for _, p := range ps {
 		p.next, p.dispatch, p.sends, p.republish, p.markAmbiguous, p.keep, p.entry = nil, false, nil, false, nil, false, nil
+		p.flowDrop = nil
 		p.err, p.tally = nil, tally{}
 		if !fresh {
 			if c, ok := e.cache.get(p.job); ok {

@@ -101,6 +101,7 @@ chain shape's only.`,
 	f.IntVar(&c.Branches, "branches", bench.DefaultBranches, "branches of a parallel job: 1..64 (--shape parallel)")
 	f.IntVar(&c.Turns, "turns", bench.DefaultTurns, "model turns of an agent job: 1..200 (--shape agent)")
 	f.IntVar(&c.Concurrency, "concurrency", 0, "jobs in flight (default: all of them)")
+	f.IntVar(&c.StepConcurrency, "step-concurrency", 0, "a concurrency limit on every step of a chain job, across all jobs: 1..1000 (default: none)")
 	f.IntVar(&c.Payload, "payload", 1024, "state size in bytes (1..524288; up to 16 MiB with --state-values)")
 	f.IntVar(&c.StateValues, "state-values", 0, "split the payload into this many state members (members over 64 KiB are kept by reference)")
 	f.StringVar(&c.Kind, "kind", "noop", "step kind: noop, http (a local server) or model (replayed)")
