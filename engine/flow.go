@@ -266,7 +266,7 @@ func (e *Engine) admitOne(ctx context.Context, p *plan, cp *schemas.Checkpoint, 
 			if w.Ticket == "" {
 				w.Ticket = kv.WaiterKey(c.id, kd, sf.prio, w.Since, msgDigest(d.MsgID))
 			}
-			if err := e.store.Flow.Wait(ctx, w.Ticket, kv.FlowHolder{Job: cp.JobID, Step: d.Step, MsgID: d.MsgID, Key: key, At: w.Since, Prio: sf.prio}); err != nil {
+			if err := e.store.Flow.Wait(ctx, c.id, kd, w.Ticket, kv.FlowHolder{Job: cp.JobID, Step: d.Step, MsgID: d.MsgID, Key: key, At: w.Since, Prio: sf.prio}); err != nil {
 				return false, event{}, err
 			}
 			// A slot freed between the Creates and the waiter's record
@@ -539,22 +539,24 @@ func (e *Engine) releaseFlow(ctx context.Context, ps []*plan) {
 
 // releaseSlot releases slot if job holds it and wakes the waiter it goes to.
 func (e *Engine) releaseSlot(ctx context.Context, slot, job string) error {
-	s, err := e.store.Flow.Slot(ctx, slot)
-	if errors.Is(err, schemas.ErrNotFound) {
-		return nil
-	}
+	r, err := e.store.Flow.Release(ctx, slot, job)
 	if err != nil {
 		return err
 	}
-	if s.Holder.Job != job {
-		return nil // handed over already
+	return e.passedOn(ctx, slot, r)
+}
+
+// passedOn wakes the waiter a released slot went to (or, freed, the
+// waiter that may take it).
+func (e *Engine) passedOn(ctx context.Context, slot string, r kv.FlowRelease) error {
+	if r.To == nil {
+		return nil
 	}
-	h, _, err := e.store.Flow.ReleaseSlot(ctx, s)
-	if err != nil || h == nil {
-		return err
+	if !r.Handed {
+		return e.wakeFlow(ctx, r.To.Job, r.To.MsgID, "", "a slot of its concurrency limit was freed")
 	}
 	e.ctr.flowHandedOver.Add(1)
-	return e.wakeFlow(ctx, h.Job, h.MsgID, slot, "a slot of its concurrency limit was handed to it")
+	return e.wakeFlow(ctx, r.To.Job, r.To.MsgID, slot, "a slot of its concurrency limit was handed to it")
 }
 
 // releaseHandedSlot releases slot if job's dispatch msgID holds it (it
@@ -570,12 +572,11 @@ func (e *Engine) releaseHandedSlot(ctx context.Context, slot, job, msgID string)
 	if s.Holder.Job != job || s.Holder.MsgID != msgID {
 		return nil
 	}
-	h, _, err := e.store.Flow.ReleaseSlot(ctx, s)
-	if err != nil || h == nil {
+	r, err := e.store.Flow.ReleaseSlot(ctx, s)
+	if err != nil {
 		return err
 	}
-	e.ctr.flowHandedOver.Add(1)
-	return e.wakeFlow(ctx, h.Job, h.MsgID, slot, "a slot of its concurrency limit was handed to it")
+	return e.passedOn(ctx, slot, r)
 }
 
 // wakeFlow sends job a flow signal for its waiting dispatch msgID (slot:
@@ -625,16 +626,14 @@ func (e *Engine) reconcileFlow(ctx context.Context) error {
 		case waiting:
 			note(e.wakeFlow(ctx, s.Holder.Job, s.Holder.MsgID, s.Key, "the reconciler: a slot handed to it"))
 		default:
-			h, _, err := e.store.Flow.ReleaseSlot(ctx, s)
+			r, err := e.store.Flow.ReleaseSlot(ctx, s)
 			if err != nil {
 				note(err)
 				continue
 			}
 			e.ctr.flowLeaked.Add(1)
 			e.log.Info("released a flow slot its holder's checkpoint no longer names", "slot", s.Key, "job", s.Holder.Job, "step", s.Holder.Step)
-			if h != nil {
-				note(e.wakeFlow(ctx, h.Job, h.MsgID, s.Key, "the reconciler: a slot handed to it"))
-			}
+			note(e.passedOn(ctx, s.Key, r))
 		}
 	}
 	var stale []string

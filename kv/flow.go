@@ -22,6 +22,7 @@ import (
 //
 //	c.<limit>.<key digest>.<slot>                 a concurrency slot, 0..N-1; value FlowHolder
 //	w.<limit>.<key digest>.<rank>.<since>.<id>    a dispatch waiting for a slot; value FlowHolder
+//	q.<limit>.<key digest>                        "1": the limit and key may have waiters
 //	r.<limit>.<key digest>                        the current rate window; value FlowWindow
 //
 // Acquiring a slot is a KV Create (atomic across engines); releasing is a
@@ -183,9 +184,18 @@ func (f *Flow) Slot(ctx context.Context, key string) (FlowSlot, error) {
 	return s, nil
 }
 
-// Wait records holder as waiting for limit and kd (WaiterKey); a second
-// record of the same key is a no-op. It returns the waiter's key.
-func (f *Flow) Wait(ctx context.Context, key string, holder FlowHolder) error {
+// flagKey is the key that says limit and kd may have waiters: written
+// before a waiter's record, removed (on its revision) by a release that
+// finds none, so that a release with nobody waiting reads one key instead
+// of listing.
+func flagKey(limit, kd string) string { return "q." + limit + "." + kd }
+
+// Wait records holder as waiting under key (WaiterKey of limit and kd); a
+// second record of the same key is a no-op.
+func (f *Flow) Wait(ctx context.Context, limit, kd, key string, holder FlowHolder) error {
+	if _, err := f.kv.Put(ctx, flagKey(limit, kd), []byte("1")); err != nil {
+		return fmt.Errorf("record flow waiter %s: %w", key, err)
+	}
 	data, _ := json.Marshal(holder)
 	if _, err := f.kv.Create(ctx, key, data); err != nil && !isRevisionConflict(err) {
 		return fmt.Errorf("record flow waiter %s: %w", key, err)
@@ -201,31 +211,97 @@ func (f *Flow) Unwait(ctx context.Context, key string) error {
 	return nil
 }
 
-// Release frees the slot under key if holderMsgID still holds it: it is
-// handed over to the first waiter of its limit and key (an update on the
-// revision read, whose record is then removed), which it returns with its
-// waiter key, or deleted on that revision when none waits. A slot held by
-// another dispatch, or free, is left alone (nil, "", nil). A lost race
-// (the slot changed meanwhile) also leaves it: whoever changed it owns it.
-func (f *Flow) Release(ctx context.Context, key, holderMsgID string) (*FlowHolder, string, error) {
-	s, err := f.Slot(ctx, key)
-	if errors.Is(err, schemas.ErrNotFound) {
-		return nil, "", nil
-	}
-	if err != nil {
-		return nil, "", err
-	}
-	if holderMsgID != "" && s.Holder.MsgID != holderMsgID {
-		return nil, "", nil
-	}
-	return f.handOver(ctx, s)
+// FlowRelease is what releasing a slot did: To is the waiter it went to
+// (nil: none waited); Handed says the slot itself was handed over (false:
+// the slot was freed and To should try again, a waiter that came while it
+// was being freed).
+type FlowRelease struct {
+	To     *FlowHolder
+	Handed bool
 }
 
-func (f *Flow) handOver(ctx context.Context, s FlowSlot) (*FlowHolder, string, error) {
+// Release frees the slot under key if holderJob's dispatch still holds
+// it: see ReleaseSlot. A slot held by another job, or free, is left alone.
+func (f *Flow) Release(ctx context.Context, key, holderJob string) (FlowRelease, error) {
+	s, err := f.Slot(ctx, key)
+	if errors.Is(err, schemas.ErrNotFound) {
+		return FlowRelease{}, nil
+	}
+	if err != nil {
+		return FlowRelease{}, err
+	}
+	if s.Holder.Job != holderJob {
+		return FlowRelease{}, nil
+	}
+	return f.ReleaseSlot(ctx, s)
+}
+
+// ReleaseSlot frees s, whoever holds it: it is handed over to the first
+// waiter of its limit and key (an update on the revision read, whose
+// record is then removed), or, when none waits, deleted on that revision.
+// A waiter that recorded itself while the slot was being deleted is
+// returned to be woken (Handed false). A lost race (the slot changed
+// meanwhile) leaves it: whoever changed it owns it.
+func (f *Flow) ReleaseSlot(ctx context.Context, s FlowSlot) (FlowRelease, error) {
 	limit, kd, ok := SlotOf(s.Key)
 	if !ok {
-		return nil, "", fmt.Errorf("release flow slot %q: not a slot key", s.Key)
+		return FlowRelease{}, fmt.Errorf("release flow slot %q: not a slot key", s.Key)
 	}
+	for try := 0; try < 4; try++ {
+		flag, err := f.kv.Get(ctx, flagKey(limit, kd))
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			break
+		}
+		if err != nil {
+			return FlowRelease{}, fmt.Errorf("release flow slot %s: %w", s.Key, err)
+		}
+		h, wk, err := f.firstWaiter(ctx, limit, kd)
+		if err != nil {
+			return FlowRelease{}, err
+		}
+		if h == nil {
+			// Nobody waits: take the flag down, unless a waiter put it up
+			// again meanwhile (then look again).
+			err := f.kv.Delete(ctx, flagKey(limit, kd), jetstream.LastRevision(flag.Revision()))
+			if err == nil || errors.Is(err, jetstream.ErrKeyNotFound) {
+				break
+			}
+			if !isRevisionConflict(err) {
+				return FlowRelease{}, fmt.Errorf("release flow slot %s: %w", s.Key, err)
+			}
+			continue
+		}
+		h.At, h.Seq = time.Now().UTC(), 0
+		data, _ := json.Marshal(h)
+		if _, err := f.kv.Update(ctx, s.Key, data, s.Revision); err != nil {
+			if isRevisionConflict(err) {
+				return FlowRelease{}, nil
+			}
+			return FlowRelease{}, fmt.Errorf("hand flow slot %s to %s: %w", s.Key, h.MsgID, err)
+		}
+		return FlowRelease{To: h, Handed: true}, f.Unwait(ctx, wk)
+	}
+	if err := f.kv.Delete(ctx, s.Key, jetstream.LastRevision(s.Revision)); err != nil {
+		if isRevisionConflict(err) || errors.Is(err, jetstream.ErrKeyNotFound) {
+			return FlowRelease{}, nil
+		}
+		return FlowRelease{}, fmt.Errorf("release flow slot %s: %w", s.Key, err)
+	}
+	// A waiter that recorded itself after the look and tried the slot
+	// before the delete would wait for nobody: wake it to try again.
+	if _, err := f.kv.Get(ctx, flagKey(limit, kd)); err == nil {
+		h, _, err := f.firstWaiter(ctx, limit, kd)
+		if err != nil || h == nil {
+			return FlowRelease{}, err
+		}
+		return FlowRelease{To: h}, nil
+	}
+	return FlowRelease{}, nil
+}
+
+// firstWaiter returns the waiter of limit and kd first in line (highest
+// priority, then oldest) and its key; nil when none.
+func (f *Flow) firstWaiter(ctx context.Context, limit, kd string) (*FlowHolder, string, error) {
 	waiters, err := f.keys(ctx, waiterPrefix(limit, kd)+">")
 	if err != nil {
 		return nil, "", err
@@ -244,29 +320,9 @@ func (f *Flow) handOver(ctx context.Context, s FlowSlot) (*FlowHolder, string, e
 			_ = f.Unwait(ctx, wk)
 			continue
 		}
-		h.At, h.Seq = time.Now().UTC(), 0
-		data, _ := json.Marshal(h)
-		if _, err := f.kv.Update(ctx, s.Key, data, s.Revision); err != nil {
-			if isRevisionConflict(err) {
-				return nil, "", nil
-			}
-			return nil, "", fmt.Errorf("hand flow slot %s to %s: %w", s.Key, h.MsgID, err)
-		}
-		if err := f.Unwait(ctx, wk); err != nil {
-			return &h, wk, err
-		}
 		return &h, wk, nil
 	}
-	if err := f.kv.Delete(ctx, s.Key, jetstream.LastRevision(s.Revision)); err != nil && !isRevisionConflict(err) && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, "", fmt.Errorf("release flow slot %s: %w", s.Key, err)
-	}
 	return nil, "", nil
-}
-
-// ReleaseSlot frees s as Release does, whoever holds it: for the
-// reconciler, once it found the holder's job no longer holds it.
-func (f *Flow) ReleaseSlot(ctx context.Context, s FlowSlot) (*FlowHolder, string, error) {
-	return f.handOver(ctx, s)
 }
 
 // Slots calls fn with every slot held, of every limit; fn returns false to
