@@ -477,64 +477,89 @@ func (e *Engine) releaseFlow(ctx context.Context, ps []*plan) {
 	if e.store.Flow == nil || e.skipFlowRelease {
 		return
 	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
 	for _, p := range ps {
-		if p.err == nil {
-			for _, dr := range p.flowDrop {
-				if err := e.releaseHandedSlot(ctx, dr[0], p.job, dr[1]); err != nil {
-					e.log.Warn("could not pass on a flow slot handed to a dispatch that no longer waits; the reconciler frees it", "job", p.job, "slot", dr[0], "err", err)
-				}
-			}
+		if p.err != nil || (len(p.flowDrop) == 0 && len(p.flowSlots) == 0 && !heldFlow(p)) {
+			continue // nothing of flow control: no goroutine, no I/O
 		}
-		if p.err != nil || p.next == nil || p.rev == 0 {
-			continue
-		}
-		var had []string
-		var waited []*schemas.FlowWait
-		if p.base != nil {
-			for _, d := range p.base.cp.Dispatches() {
-				if d.Slot != "" {
-					had = append(had, d.Slot)
-				}
-				if d.Waiting != nil && d.Waiting.Ticket != "" {
-					waited = append(waited, d.Waiting)
-				}
-			}
-		}
-		for _, s := range p.flowSlots {
-			had = append(had, s)
-		}
-		if len(had) == 0 && len(waited) == 0 {
-			continue
-		}
-		kept, waiting := map[string]bool{}, map[string]bool{}
-		if !p.next.Status.Terminal() {
-			for _, d := range p.next.Dispatches() {
-				if d.Slot != "" {
-					kept[d.Slot] = true
-				}
-				if d.Waiting != nil {
-					waiting[d.Waiting.Ticket] = true
-				}
-			}
-		}
-		for _, s := range had {
-			if kept[s] {
-				continue
-			}
-			kept[s] = true // once
-			if err := e.releaseSlot(ctx, s, p.job); err != nil {
-				e.log.Warn("could not release a flow slot; the reconciler frees it", "job", p.job, "slot", s, "err", err)
-			}
-		}
-		for _, w := range waited {
-			if !waiting[w.Ticket] {
-				if err := e.store.Flow.Unwait(ctx, w.Ticket); err != nil {
-					e.log.Warn("could not remove a flow waiter; the reconciler removes it", "job", p.job, "waiter", w.Ticket, "err", err)
-				}
-			}
-		}
-		clear(p.flowSlots)
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(p *plan) {
+			defer func() { <-sem; wg.Done() }()
+			e.releasePlan(ctx, p)
+		}(p)
 	}
+	wg.Wait()
+}
+
+// heldFlow reports whether p's base had a dispatch holding a slot or
+// waiting.
+func heldFlow(p *plan) bool {
+	if p.base == nil {
+		return false
+	}
+	for _, d := range p.base.cp.Dispatches() {
+		if d.Slot != "" || d.Waiting != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// releasePlan is releaseFlow for one plan.
+func (e *Engine) releasePlan(ctx context.Context, p *plan) {
+	for _, dr := range p.flowDrop {
+		if err := e.releaseHandedSlot(ctx, dr[0], p.job, dr[1]); err != nil {
+			e.log.Warn("could not pass on a flow slot handed to a dispatch that no longer waits; the reconciler frees it", "job", p.job, "slot", dr[0], "err", err)
+		}
+	}
+	if p.next == nil || p.rev == 0 {
+		return
+	}
+	var had []string
+	var waited []*schemas.FlowWait
+	if p.base != nil {
+		for _, d := range p.base.cp.Dispatches() {
+			if d.Slot != "" {
+				had = append(had, d.Slot)
+			}
+			if d.Waiting != nil && d.Waiting.Ticket != "" {
+				waited = append(waited, d.Waiting)
+			}
+		}
+	}
+	for _, s := range p.flowSlots {
+		had = append(had, s)
+	}
+	kept, waiting := map[string]bool{}, map[string]bool{}
+	if !p.next.Status.Terminal() {
+		for _, d := range p.next.Dispatches() {
+			if d.Slot != "" {
+				kept[d.Slot] = true
+			}
+			if d.Waiting != nil {
+				waiting[d.Waiting.Ticket] = true
+			}
+		}
+	}
+	for _, s := range had {
+		if kept[s] {
+			continue
+		}
+		kept[s] = true // once
+		if err := e.releaseSlot(ctx, s, p.job); err != nil {
+			e.log.Warn("could not release a flow slot; the reconciler frees it", "job", p.job, "slot", s, "err", err)
+		}
+	}
+	for _, w := range waited {
+		if !waiting[w.Ticket] {
+			if err := e.store.Flow.Unwait(ctx, w.Ticket); err != nil {
+				e.log.Warn("could not remove a flow waiter; the reconciler removes it", "job", p.job, "waiter", w.Ticket, "err", err)
+			}
+		}
+	}
+	clear(p.flowSlots)
 }
 
 // releaseSlot releases slot if job holds it and wakes the waiter it goes to.

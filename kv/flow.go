@@ -255,7 +255,7 @@ func (f *Flow) ReleaseSlot(ctx context.Context, s FlowSlot) (FlowRelease, error)
 		if err != nil {
 			return FlowRelease{}, fmt.Errorf("release flow slot %s: %w", s.Key, err)
 		}
-		h, wk, err := f.firstWaiter(ctx, limit, kd)
+		h, err := f.claimWaiter(ctx, limit, kd)
 		if err != nil {
 			return FlowRelease{}, err
 		}
@@ -275,11 +275,13 @@ func (f *Flow) ReleaseSlot(ctx context.Context, s FlowSlot) (FlowRelease, error)
 		data, _ := json.Marshal(h)
 		if _, err := f.kv.Update(ctx, s.Key, data, s.Revision); err != nil {
 			if isRevisionConflict(err) {
-				return FlowRelease{}, nil
+				// The slot changed under us; the waiter claimed must try
+				// again on its own.
+				return FlowRelease{To: h}, nil
 			}
-			return FlowRelease{}, fmt.Errorf("hand flow slot %s to %s: %w", s.Key, h.MsgID, err)
+			return FlowRelease{To: h}, fmt.Errorf("hand flow slot %s to %s: %w", s.Key, h.MsgID, err)
 		}
-		return FlowRelease{To: h, Handed: true}, f.Unwait(ctx, wk)
+		return FlowRelease{To: h, Handed: true}, nil
 	}
 	if err := f.kv.Delete(ctx, s.Key, jetstream.LastRevision(s.Revision)); err != nil {
 		if isRevisionConflict(err) || errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -290,7 +292,7 @@ func (f *Flow) ReleaseSlot(ctx context.Context, s FlowSlot) (FlowRelease, error)
 	// A waiter that recorded itself after the look and tried the slot
 	// before the delete would wait for nobody: wake it to try again.
 	if _, err := f.kv.Get(ctx, flagKey(limit, kd)); err == nil {
-		h, _, err := f.firstWaiter(ctx, limit, kd)
+		h, _, err := f.firstWaiter(ctx, limit, kd, false)
 		if err != nil || h == nil {
 			return FlowRelease{}, err
 		}
@@ -299,9 +301,19 @@ func (f *Flow) ReleaseSlot(ctx context.Context, s FlowSlot) (FlowRelease, error)
 	return FlowRelease{}, nil
 }
 
-// firstWaiter returns the waiter of limit and kd first in line (highest
-// priority, then oldest) and its key; nil when none.
-func (f *Flow) firstWaiter(ctx context.Context, limit, kd string) (*FlowHolder, string, error) {
+// claimWaiter takes the waiter of limit and kd first in line (highest
+// priority, then oldest) out of the line, removing its record on the
+// revision read, so that two releases never hand their slots to one
+// waiter; nil when none waits.
+func (f *Flow) claimWaiter(ctx context.Context, limit, kd string) (*FlowHolder, error) {
+	h, _, err := f.firstWaiter(ctx, limit, kd, true)
+	return h, err
+}
+
+// firstWaiter returns the waiter first in line and its key; with claim,
+// its record removed on the revision read (one removed meanwhile is
+// passed over). nil when none.
+func (f *Flow) firstWaiter(ctx context.Context, limit, kd string, claim bool) (*FlowHolder, string, error) {
 	waiters, err := f.keys(ctx, waiterPrefix(limit, kd)+">")
 	if err != nil {
 		return nil, "", err
@@ -319,6 +331,14 @@ func (f *Flow) firstWaiter(ctx context.Context, limit, kd string) (*FlowHolder, 
 		if json.Unmarshal(ent.Value(), &h) != nil {
 			_ = f.Unwait(ctx, wk)
 			continue
+		}
+		if claim {
+			if err := f.kv.Delete(ctx, wk, jetstream.LastRevision(ent.Revision())); err != nil {
+				if isRevisionConflict(err) || errors.Is(err, jetstream.ErrKeyNotFound) {
+					continue // another release claimed it
+				}
+				return nil, "", fmt.Errorf("claim flow waiter %s: %w", wk, err)
+			}
 		}
 		return &h, wk, nil
 	}
