@@ -203,16 +203,20 @@ timed then. Linux only.`,
 // flag, and clears in c what its shape does not use (changed says which
 // flags were given); a map takes one job unless --jobs says.
 func checkBenchShape(c *bench.Config, floorOnly bool, changed func(string) bool) error {
-	only := map[string]string{"steps": bench.ShapeChain, "items": bench.ShapeMap, "item-concurrency": bench.ShapeMap, "branches": bench.ShapeParallel, "turns": bench.ShapeAgent}
+	only := map[string]string{"steps": bench.ShapeChain, "items": bench.ShapeMap, "item-concurrency": bench.ShapeMap, "branches": bench.ShapeParallel, "turns": bench.ShapeAgent,
+		"step-concurrency": bench.ShapeChain}
 	switch c.Shape {
 	case bench.ShapeChain, bench.ShapeMap, bench.ShapeParallel, bench.ShapeAgent:
 	default:
 		return fmt.Errorf("--shape %q: want chain, map, parallel or agent", c.Shape)
 	}
-	for _, name := range []string{"steps", "items", "item-concurrency", "branches", "turns"} {
+	for _, name := range []string{"steps", "items", "item-concurrency", "branches", "turns", "step-concurrency"} {
 		if changed(name) && only[name] != c.Shape {
 			return fmt.Errorf("--%s is for --shape %s, not %s", name, only[name], c.Shape)
 		}
+	}
+	if c.StepConcurrency < 0 || c.StepConcurrency > schemas.MaxConcurrencyLimit {
+		return fmt.Errorf("--step-concurrency %d: want 1..%d (0: no limit)", c.StepConcurrency, schemas.MaxConcurrencyLimit)
 	}
 	switch c.Shape {
 	case bench.ShapeMap:
