@@ -142,7 +142,23 @@ func (e *Engine) admitFlow(ctx context.Context, ps []*plan) {
 // admitPlan is admitFlow for one plan.
 func (e *Engine) admitPlan(ctx context.Context, p *plan) error {
 	cp := p.next
-	if cp.Status.Terminal() || cp.Paused != nil {
+	if cp.Status.Terminal() {
+		return nil
+	}
+	if cp.Paused != nil {
+		// Nothing is admitted while a person holds the job; a slot handed
+		// to one of its waiting dispatches goes on to the next waiter.
+		for _, d := range cp.Dispatches() {
+			if w := d.Waiting; w != nil && w.Offer != "" {
+				p.flowDrop = append(p.flowDrop, [2]string{w.Offer, d.MsgID})
+				c := *w
+				c.Offer = ""
+				d.Waiting = &c
+			}
+		}
+		if onlyFlowSignals(p) {
+			p.next, p.sends, p.dispatch = nil, nil, false
+		}
 		return nil
 	}
 	now := e.cfg.Now().UTC()
@@ -707,8 +723,9 @@ func (e *Engine) holds(ctx context.Context, job, slot, msgID string) (held, wait
 }
 
 // nudgeWaiting is the reconciler's retry of cp's waiting dispatches: a
-// wake-up for each that waited a reconcile interval (or whose rate window
-// ended past timerGrace), in case its wake-up was lost.
+// wake-up for each that waited a reconcile interval and is out of line
+// (its waiter record is gone: handed a slot whose wake-up was lost, or
+// never recorded), or whose rate window ended past timerGrace.
 func (e *Engine) nudgeWaiting(ctx context.Context, cp *schemas.Checkpoint, now time.Time) error {
 	for _, d := range cp.Dispatches() {
 		w := d.Waiting
@@ -721,6 +738,9 @@ func (e *Engine) nudgeWaiting(ctx context.Context, cp *schemas.Checkpoint, now t
 		}
 		if now.Before(due) {
 			continue
+		}
+		if w.Kind == schemas.FlowConcurrency && w.Ticket != "" && w.Offer == "" && e.store.Flow.Waiting(ctx, w.Ticket) {
+			continue // still in line: a release will hand it a slot
 		}
 		if err := e.wakeFlow(ctx, cp.JobID, d.MsgID, "", "the reconciler: it waited long"); err != nil {
 			return err

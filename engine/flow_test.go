@@ -485,3 +485,44 @@ func TestCancelWhileWaitingOrHolding(t *testing.T) {
 }
 
 var _ = jetstream.ErrKeyNotFound
+
+// A paused job's waiting dispatch is not admitted: a slot handed to it
+// goes on (here, freed: nobody else waits), and engine resume admits it.
+func TestPausedWaiterDoesNotHoardASlot(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{})
+	def := b.define(oneAtATime)
+	hold := make(chan struct{})
+	for i := 0; i < 2; i++ {
+		b.worker(func(sm *schemas.StepMessage) (json.RawMessage, *schemas.Error) {
+			if sm.Job == "holder" && sm.Step == "lock" {
+				<-hold
+			}
+			return json.RawMessage(`{}`), nil
+		})
+	}
+	b.start(def, `{}`, "holder")
+	testsupport.Eventually(t, 10*time.Second, func() bool { return len(flowKeys(t, b.store, "c.>")) == 1 }, "holder has no slot")
+	b.start(def, `{}`, "paused")
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		v, err := b.client.Job(context.Background(), "paused")
+		return err == nil && len(v.Waiting) > 0
+	}, "paused job not waiting")
+	ctx := context.Background()
+	if _, err := b.client.Pause(ctx, "paused", client.ControlRequest{By: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	close(hold)
+	b.waitFlow("holder")
+	testsupport.Eventually(t, 10*time.Second, func() bool { return len(flowKeys(t, b.store, "c.>")) == 0 },
+		"the paused job keeps a slot: %v", flowKeys(t, b.store, "c.>"))
+	if v, _ := b.client.Job(ctx, "paused"); len(v.Waiting) == 0 || v.Status != schemas.JobRunning {
+		t.Fatalf("paused job: status %s, waiting %+v", v.Status, v.Waiting)
+	}
+	if _, err := b.client.Resume(ctx, "paused", client.ControlRequest{By: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	if v := b.waitFlow("paused"); v.Status != schemas.JobCompleted {
+		t.Fatalf("resumed job ended %s", v.Status)
+	}
+}
