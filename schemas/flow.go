@@ -217,7 +217,7 @@ func FlowLimitID(parts ...string) string {
 	return s + "-" + hex.EncodeToString(sum[:4])
 }
 
-// workerKinds are the kinds the engine performs itself: no flow limit
+// engineKind reports the kinds the engine performs itself: no flow limit
 // applies to them (nothing of theirs runs in a worker).
 func engineKind(kind string) bool {
 	switch kind {
