@@ -40,6 +40,9 @@ type compiled struct {
 	// needsDoc reports, by step index, whether deciding after the step
 	// needs the decoded state (a condition, or a state schema).
 	needsDoc []bool
+	// flow: by step index, the step's flow limits (nil: none); nil for a
+	// definition without any.
+	flow []*stepFlow
 }
 
 type transition struct {
@@ -292,6 +295,9 @@ func compile(def *schemas.Definition) (*compiled, error) {
 			}
 			c.next[i] = append(c.next[i], tr)
 		}
+	}
+	if c.flow, err = compileFlow(def); err != nil {
+		return nil, err
 	}
 	return c, nil
 }

@@ -664,9 +664,10 @@ func retryJob(c *compiled, cp *schemas.Checkpoint, sig *schemas.Signal, now time
 	return append(evs, dispatchOrStop(c, cp, from, true, time.Time{}, now)...)
 }
 
-// unheld returns the dispatches of ds that are not held.
+// unheld returns the dispatches of ds that are not held (nor waiting for
+// a flow limit).
 func unheld(ds []*schemas.Dispatch) []*schemas.Dispatch {
-	return slices.DeleteFunc(ds, func(d *schemas.Dispatch) bool { return d.Held })
+	return slices.DeleteFunc(ds, func(d *schemas.Dispatch) bool { return d.Held || d.Waiting != nil })
 }
 
 // resetDeadline gives a job reopened (retry, rewind) a deadline of its

@@ -204,6 +204,44 @@ items:
 				p.tally.stale++
 				continue
 			}
+			if it.signal.Type == schemas.SignalFlow {
+				// A wake-up for a dispatch waiting on a flow limit: the
+				// admission after this decision tries it again.
+				if !flowSignalApplies(cp, it.signal) {
+					if it.signal.Key != "" && !cp.Status.Terminal() && dispatchByID(cp, it.signal.ID) == nil && it.delivered < flowRedeliveries {
+						// A slot handed over while the dispatch's waiting
+						// record was being written (maybe by another engine):
+						// it comes again once that is stored.
+						if !changed && !p.leader {
+							p.wantLeader = p.fresh
+							return true
+						}
+						it.later = flowRetryDelay
+						continue
+					}
+					if it.signal.Key != "" {
+						if d := dispatchByID(cp, it.signal.ID); d == nil || d.Slot != it.signal.Key {
+							// A slot handed to a dispatch that got another, or
+							// that is gone: pass it on once settled.
+							p.flowDrop = append(p.flowDrop, [2]string{it.signal.Key, it.signal.ID})
+						}
+					}
+					p.tally.stale++
+					continue
+				}
+				if !needDef(cp.DefinitionHash) {
+					if p.err != nil {
+						return false
+					}
+					break items
+				}
+				if d := dispatchByID(cp, it.signal.ID); it.signal.Key != "" && d != nil && d.Slot != "" && d.Slot != it.signal.Key {
+					p.flowDrop = append(p.flowDrop, [2]string{it.signal.Key, it.signal.ID}) // it holds one already
+				}
+				applyFlowSignal(cp, it.signal)
+				changed, cause = true, it.msgID
+				continue
+			}
 			if !signalMayApply(cp, it.signal) {
 				if !changed && !p.leader {
 					p.wantLeader = p.fresh

@@ -50,6 +50,11 @@ type Engine struct {
 	// dropChildStart, when set (tests), says whether to skip starting a
 	// child job after its dispatch was written, as a crash there would.
 	dropChildStart func(child string) bool
+	// skipFlowRelease, when set (tests), skips releasing flow slots after
+	// a write, as a crash between the two would.
+	skipFlowRelease bool
+	// flowGrace is FlowGrace (tests shorten it).
+	flowGrace time.Duration
 }
 
 // New returns an Engine. Errors name the bad Config field.
@@ -74,6 +79,7 @@ func New(cfg Config) (*Engine, error) {
 		fp:          cfg.Failpoints,
 		incarnation: nuid.Next(),
 		quiet:       newQuietLog(time.Minute),
+		flowGrace:   FlowGrace,
 	}, nil
 }
 

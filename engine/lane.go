@@ -76,6 +76,9 @@ type inboxItem struct {
 	// give it back (delayed) instead of acknowledging, so that if that
 	// handler dies before publishing, the message returns.
 	handBack bool
+	// later: give the message back to be delivered again after this long
+	// (a flow wake-up that came before the checkpoint it is for).
+	later time.Duration
 }
 
 // plan is what a batch does to one job.
@@ -112,6 +115,14 @@ type plan struct {
 	// conflicted: this plan lost a compare-and-swap in this batch, so
 	// another handler was alive and applying the same messages moments ago.
 	conflicted bool
+	// flowSlots: concurrency slots taken for the plan's dispatches in this
+	// batch, by message id: a decision made again after a conflict takes
+	// the same ones; released after the write if it does not name them.
+	flowSlots map[string]string
+	// flowDrop: slots (and the message ids they were handed to) that a
+	// flow wake-up offered to a dispatch that no longer waits: released
+	// once the plan is settled.
+	flowDrop [][2]string
 	// stopped: the transition stopped the job with work in flight (its
 	// deadline passed): after the write, as after a cancel, its queued
 	// step messages are removed and its child jobs cancelled.
@@ -214,6 +225,8 @@ func (e *Engine) handleBatch(ctx context.Context, msgs []jetstream.Msg) *settlem
 				writes = append(writes, p)
 			}
 		}
+		e.admitFlow(ctx, writes)
+		writes = slices.DeleteFunc(writes, func(p *plan) bool { return p.next == nil || p.err != nil })
 		e.storeOutboxes(ctx, writes)
 		again = append(again, e.write(ctx, writes)...)
 		pending = again
@@ -310,6 +323,7 @@ func (e *Engine) load(ctx context.Context, ps []*plan, fresh bool) {
 	sem := make(chan struct{}, 32)
 	for _, p := range ps {
 		p.next, p.dispatch, p.sends, p.republish, p.markAmbiguous, p.keep, p.entry = nil, false, nil, false, nil, false, nil
+		p.flowDrop = nil
 		p.err, p.tally = nil, tally{}
 		if !fresh {
 			if c, ok := e.cache.get(p.job); ok {
@@ -582,6 +596,8 @@ func (e *Engine) settle(ps []*plan) {
 			switch {
 			case it.handBack && p.err == nil:
 				_ = it.msg.NakWithDelay(2 * e.store.Config.InboxAckWait)
+			case it.later > 0 && p.err == nil:
+				_ = it.msg.NakWithDelay(it.later)
 			case p.keep && p.err == nil:
 				_ = it.msg.NakWithDelay(p.keepDelay)
 			case p.err != nil:

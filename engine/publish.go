@@ -209,6 +209,7 @@ func (e *Engine) finish(ctx context.Context, st *settlement) {
 			after = append(after, p)
 		}
 	}
+	e.releaseFlow(wctx, st.plans)
 	e.afterWrite(wctx, after)
 	for _, p := range st.plans {
 		e.injectSteps(ctx, failpoint.EngineAfterDispatch, p)

@@ -61,7 +61,10 @@ func (e *Engine) reconcileLoop(ctx context.Context, checkQueues func()) {
 //     effect may have happened and no retry is left);
 //   - a job waiting on an effect that was resolved meanwhile (the signal
 //     was lost) goes on;
-//   - a job blocked on its definition goes on once it is stored again.
+//   - a job blocked on its definition goes on once it is stored again;
+//   - a dispatch waiting for a flow limit is woken again (its wake-up may
+//     have been lost), and the flow bucket's slots whose holders no longer
+//     name them are released (reconcileFlow).
 //
 // Every write is a compare-and-swap on the revision read, so a job that
 // moved on meanwhile is left alone. It returns the first error after
@@ -108,6 +111,12 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 		}(ie)
 	}
 	wg.Wait()
+	if err := e.reconcileFlow(ctx); err != nil && ctx.Err() == nil {
+		e.ctr.reconcileErrors.Add(1)
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
 	e.ctr.oldestRunning.Store(oldest.Milliseconds())
 	e.ctr.waitingForWorkers.Store(waiting.Load())
 	return firstErr
@@ -175,7 +184,13 @@ func (e *Engine) reconcileJob(ctx context.Context, ie kv.IndexEntry, now time.Ti
 				}
 			}
 		}
-		if cp.Current == nil || cp.Current.Held || (cp.Current.Wait != "" && cp.Current.Due == nil) {
+		if waitingFlow(cp) {
+			// Recorded, not published: a wake-up may have been lost.
+			if err := e.nudgeWaiting(ctx, cp, now); err != nil {
+				return age, false, fmt.Errorf("reconcile job %s: %w", cp.JobID, err)
+			}
+		}
+		if cp.Current == nil || cp.Current.Held || cp.Current.Waiting != nil || (cp.Current.Wait != "" && cp.Current.Due == nil) {
 			return age, false, nil
 		}
 		if cp.Current.Due != nil {

@@ -55,7 +55,7 @@ func (e *Engine) Requeue(ctx context.Context, lostAt time.Time) (waiting int, er
 		cp := ent.Checkpoint
 		switch {
 		case cp.Status == schemas.JobRunning && cp.Current != nil && cp.Current.DispatchedAt.Before(lostAt) &&
-			!cp.Current.Held && cp.Current.Due == nil && cp.Current.Wait == "": // held: not sent; timers and waits are not in the queues
+			!cp.Current.Held && cp.Current.Waiting == nil && cp.Current.Due == nil && cp.Current.Wait == "": // held or waiting: not sent; timers and waits are not in the queues
 			if now.Before(cp.Current.DispatchedAt.Add(PublishGrace)) {
 				waiting++ // its publication may still be under way
 				return true
@@ -172,7 +172,7 @@ func (e *Engine) redispatchLostQueue(ctx context.Context, ent kv.Entry, now time
 func (e *Engine) lostFanDispatches(ctx context.Context, cp *schemas.Checkpoint, lostAt, now time.Time) (ids []string, waiting int, err error) {
 	var old []*schemas.Dispatch
 	for _, d := range cp.Fan.Running {
-		if !d.DispatchedAt.Before(lostAt) || d.Held {
+		if !d.DispatchedAt.Before(lostAt) || d.Held || d.Waiting != nil {
 			continue
 		}
 		if now.Before(d.DispatchedAt.Add(PublishGrace)) {

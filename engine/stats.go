@@ -50,6 +50,14 @@ type Stats struct {
 	// JetStream's storage is full; their messages are kept and tried
 	// again.
 	StorageFull uint64 `json:"storage_full"`
+	// FlowWaits counts dispatches recorded waiting for a flow limit
+	// (concurrency or rate, schemas.FlowWait); FlowHandedOver, concurrency
+	// slots handed from a finished dispatch to a waiting one; FlowLeaked,
+	// slots the reconciler released because their holder's checkpoint no
+	// longer named them (a crash between a write and its release).
+	FlowWaits      uint64 `json:"flow_waits"`
+	FlowHandedOver uint64 `json:"flow_handed_over"`
+	FlowLeaked     uint64 `json:"flow_leaked"`
 	// ActiveJobs is the number of jobs in the index that may still change,
 	// at the last reconcile pass; StepsWaitingForWorkers, of those, the
 	// ones whose step message waits in its pool's queue past its deadline.
@@ -73,6 +81,7 @@ type counters struct {
 	childrenStarted, jobsCancelled, cronStarted          atomic.Uint64
 	definitionUnblocked, markedAmbiguous, panics         atomic.Uint64
 	quarantined, indexRepaired, storageFull              atomic.Uint64
+	flowWaits, flowHandedOver, flowLeaked                atomic.Uint64
 	activeJobs, waitingForWorkers                        atomic.Int64
 	oldestRunning                                        atomic.Int64 // ms
 	started                                              atomic.Int64 // unix ns
@@ -123,6 +132,10 @@ func (e *Engine) Stats() Stats {
 		Panics:                 c.panics.Load(),
 		Quarantined:            c.quarantined.Load(),
 		IndexRepaired:          c.indexRepaired.Load(),
+		StorageFull:            c.storageFull.Load(),
+		FlowWaits:              c.flowWaits.Load(),
+		FlowHandedOver:         c.flowHandedOver.Load(),
+		FlowLeaked:             c.flowLeaked.Load(),
 		ActiveJobs:             c.activeJobs.Load(),
 		StepsWaitingForWorkers: c.waitingForWorkers.Load(),
 		OldestRunningAgeMs:     c.oldestRunning.Load(),

@@ -238,6 +238,7 @@ type Names struct {
 	DefinitionBucket  string // waymark_definitions
 	JobsBucket        string // waymark_jobs: the job index
 	LimitsBucket      string // waymark_limits: providers' rate limits, shared by workers
+	FlowBucket        string // waymark_flow: workflow steps' concurrency slots, waiters and rate windows, shared by engines
 	StoreBucket       string // waymark_store: the session store, read and written across jobs
 	ValueBucket       string // waymark_values: object store of large state values
 	EventBucket       string // waymark_events: dedup records of CloudEvents that started jobs
@@ -265,6 +266,7 @@ func NamesFor(prefix string) Names {
 		EffectBucket:      prefix + "_effects",
 		JobsBucket:        prefix + "_jobs",
 		LimitsBucket:      prefix + "_limits",
+		FlowBucket:        prefix + "_flow",
 		StoreBucket:       prefix + "_store",
 		ValueBucket:       prefix + "_values",
 		EventBucket:       prefix + "_events",
@@ -349,6 +351,7 @@ type Store struct {
 	Queues      *Queues       // facts about the work and inbox queues
 	Values      *Values       // large state values by reference
 	Limits      *Limits       // providers' rate limits, shared by workers
+	Flow        *Flow         // workflow steps' flow limits, shared by engines
 	Session     *SessionStore // the session store (store steps, engine store)
 	Events      *Events       // dedup records of CloudEvents that started jobs
 	log         *slog.Logger
@@ -620,6 +623,21 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 	}
 	if s.Limits == nil {
 		s.Limits = &Limits{kv: limits}
+	}
+	flow, err := s.ensureBucket(ctx, jetstream.KeyValueConfig{
+		Bucket:       n.FlowBucket,
+		Description:  "Waymark flow control: c.<limit>.<key digest>.<slot> = the dispatch holding a concurrency slot; w.<limit>.<key digest>.<rank>.<since>.<id> = a dispatch waiting for one; r.<limit>.<key digest> = the current rate window's count",
+		History:      1,
+		MaxValueSize: 16 << 10,
+		Storage:      s.storage(),
+		Replicas:     c.Replicas,
+		Metadata:     meta,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if s.Flow == nil {
+		s.Flow = &Flow{kv: flow}
 	}
 	session, err := s.ensureBucket(ctx, jetstream.KeyValueConfig{
 		Bucket:       n.StoreBucket,

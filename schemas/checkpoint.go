@@ -266,6 +266,13 @@ type Dispatch struct {
 	// Wait is the signal name a wait step's dispatch waits for (no message
 	// is published; Due, when set, is its timeout).
 	Wait string `json:"wait,omitempty"`
+	// Slot is the flow bucket key of the concurrency slot the dispatch
+	// holds (its step declares concurrency), released once its result is
+	// applied or the job ends; empty when none.
+	Slot string `json:"slot,omitempty"`
+	// Waiting: a flow limit of its step (concurrency, rate) had no room;
+	// recorded, not published, until the limit admits it.
+	Waiting *FlowWait `json:"waiting,omitempty"`
 }
 
 // StepMsgID returns the dedup id of a step message: "<prefix>/<step>/<attempt>",

@@ -101,7 +101,10 @@ type Definition struct {
 	Vars     map[string]string          `json:"vars,omitempty"`
 	Assets   map[string]json.RawMessage `json:"assets,omitempty"` // file contents by asset name, embedded at load
 	Defaults StepDefaults               `json:"defaults,omitzero"`
-	Steps    []Step                     `json:"steps"`
+	// Pools declares worker pools' flow settings for this workflow's
+	// steps: a rate limit and a priority (PoolSettings), by pool name.
+	Pools map[string]PoolSettings `json:"pools,omitempty"`
+	Steps []Step                  `json:"steps"`
 	// Triggers are the CloudEvents rules that start jobs of this
 	// workflow's latest stored definition (engine/trigger); none: jobs
 	// start only when asked.
@@ -166,6 +169,13 @@ type Step struct {
 	// 15 minutes): a later step about to be dispatched after it expired
 	// waits while the step runs again, then goes. 0: for good.
 	ValidFor Duration `json:"valid_for,omitempty"`
+	// Concurrency limits how many dispatches of the step run at once (per
+	// key); RateLimit how many start per period (per key); Priority orders
+	// the dispatches waiting for one of the step's limits (its pool's
+	// priority when nil). See flow.go.
+	Concurrency *Concurrency `json:"concurrency,omitempty"`
+	RateLimit   *RateLimit   `json:"rate_limit,omitempty"`
+	Priority    *int         `json:"priority,omitempty"`
 }
 
 // Join modes of a parallel step.

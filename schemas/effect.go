@@ -171,4 +171,9 @@ const (
 	SignalMigrate = "migrate"
 	// SignalJobDeadline is the timer of the job's deadline.
 	SignalJobDeadline = "job_deadline"
+	// SignalFlow wakes a job with a dispatch waiting for a flow limit: a
+	// slot was handed to it (Key: the slot's flow bucket key), its rate
+	// window ended, or the reconciler retries it. The engine tries to admit
+	// the waiting dispatches again.
+	SignalFlow = "flow"
 )

@@ -414,6 +414,13 @@ func (w *jsonw) dispatch(d *Dispatch) {
 	if d.Wait != "" {
 		w.strField("wait", d.Wait)
 	}
+	if d.Slot != "" {
+		w.strField("slot", d.Slot)
+	}
+	if d.Waiting != nil {
+		b, _ := Marshal(d.Waiting)
+		w.rawField("waiting", b)
+	}
 	w.close()
 }
 
@@ -548,6 +555,10 @@ func (w *jsonw) historyData(d *HistoryData) {
 	if len(d.Runs) > 0 {
 		b, _ := Marshal(d.Runs)
 		w.rawField("runs", b)
+	}
+	if d.Flow != nil {
+		b, _ := Marshal(d.Flow)
+		w.rawField("flow", b)
 	}
 	w.close()
 }

@@ -656,6 +656,7 @@ func checkDefinition(d *Definition) []Problem {
 	ps = append(ps, checkAgents(d)...)
 	ps = append(ps, checkControls(d)...)
 	ps = append(ps, checkTriggers(d)...)
+	ps = append(ps, checkFlow(d)...)
 	return append(ps, checkEffectKeys(d)...)
 }
 

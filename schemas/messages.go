@@ -150,6 +150,12 @@ const (
 	EventStepBlocked       = "dev.waymark.step.blocked" // an unsafe effect is ambiguous; the job needs reconciliation
 	EventStepUnblocked     = "dev.waymark.step.unblocked"
 	EventStepCancelled     = "dev.waymark.step.cancelled" // a parallel branch the join no longer waits for
+	// EventStepWaiting: a dispatch found a flow limit of its step full and
+	// waits, recorded and not published (Flow says which limit);
+	// EventStepAdmitted: a flow-limited dispatch was admitted and sent
+	// (Flow: the limit, the slot or window it took).
+	EventStepWaiting  = "dev.waymark.step.waiting"
+	EventStepAdmitted = "dev.waymark.step.admitted"
 	// EventAgentTurn: an agent step's model turn is in its transcript;
 	// Turn, Model, Usage and PromptVersion say which and what it cost.
 	EventAgentTurn = "dev.waymark.agent.turn"
@@ -207,4 +213,7 @@ type HistoryData struct {
 	// to and the steps' ended runs then.
 	ToSeq uint64         `json:"to_seq,omitempty"`
 	Runs  map[string]int `json:"runs,omitempty"`
+	// Flow is the limit of step.waiting and step.admitted events: for a
+	// rate limit admitted, Since and Until bound the window counted in.
+	Flow *FlowWait `json:"flow,omitempty"`
 }

@@ -48,6 +48,10 @@ type JobView struct {
 	Approvals []*schemas.Approval `json:"approvals,omitempty"`
 	// Paused is set while the job is paused (engine pause).
 	Paused *schemas.Pause `json:"paused,omitempty"`
+	// Waiting lists the dispatches recorded but not sent because a flow
+	// limit of their step (concurrency, rate) has no room, with what each
+	// waits for.
+	Waiting []WaitingDispatch `json:"waiting,omitempty"`
 	// Signals are the named signals the job received: kept for a wait
 	// step, and the last taken (or refused).
 	Signals []*schemas.ReceivedSignal `json:"signals,omitempty"`
@@ -58,6 +62,15 @@ type JobView struct {
 	CreatedAt   time.Time  `json:"created_at"`
 	UpdatedAt   time.Time  `json:"updated_at"`
 	CompletedAt *time.Time `json:"completed_at,omitempty"`
+}
+
+// WaitingDispatch is a dispatch waiting for a flow limit.
+type WaitingDispatch struct {
+	Step    string            `json:"step"`
+	Item    int               `json:"item,omitempty"`
+	Attempt int               `json:"attempt"`
+	Reason  string            `json:"reason"` // one line: the limit, its key, how full it was
+	Flow    *schemas.FlowWait `json:"flow"`
 }
 
 // ChildWait is a stopped child job a parent waits for.
@@ -141,9 +154,12 @@ type JobSummary struct {
 	Status      schemas.JobStatus `json:"status"`
 	ResumeCount int               `json:"resume_count"`
 	CurrentStep string            `json:"current_step,omitempty"`
-	Error       *schemas.Error    `json:"error,omitempty"`
-	CreatedAt   time.Time         `json:"created_at"`
-	UpdatedAt   time.Time         `json:"updated_at"`
+	// Waiting says what the job's first dispatch waiting for a flow limit
+	// waits for (FlowWait.Reason); empty when none waits.
+	Waiting   string         `json:"waiting,omitempty"`
+	Error     *schemas.Error `json:"error,omitempty"`
+	CreatedAt time.Time      `json:"created_at"`
+	UpdatedAt time.Time      `json:"updated_at"`
 }
 
 // NewJobView builds the record of cp. def may be nil (steps then appear in
@@ -162,6 +178,11 @@ func NewJobView(cp *schemas.Checkpoint, def *schemas.Definition) *JobView {
 	v.Approvals, v.Paused, v.Retries, v.Signals, v.Fork = cp.Approvals, cp.Paused, cp.Retries, cp.Signals, cp.Fork
 	if cp.Fan != nil {
 		v.Fan = newFanView(cp)
+	}
+	for _, d := range cp.Dispatches() {
+		if d.Waiting != nil {
+			v.Waiting = append(v.Waiting, WaitingDispatch{Step: d.Step, Item: d.Item, Attempt: d.Attempt, Reason: d.Waiting.Reason(), Flow: d.Waiting})
+		}
 	}
 	if cp.Caller != nil {
 		v.ParentJob, v.ParentStep = cp.Caller.Job, cp.Caller.Step
@@ -223,6 +244,12 @@ func summarize(cp *schemas.Checkpoint) JobSummary {
 		s.CurrentStep = cp.Current.Step
 	case cp.Blocked != nil:
 		s.CurrentStep = cp.Blocked.Step // the step whose effect waits for a decision
+	}
+	for _, d := range cp.Dispatches() {
+		if d.Waiting != nil {
+			s.Waiting = d.Step + ": " + d.Waiting.Reason()
+			break
+		}
 	}
 	return s
 }

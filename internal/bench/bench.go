@@ -77,9 +77,13 @@ type Config struct {
 	Branches int `json:"branches,omitempty"`
 	// Turns is the number of model turns of an agent job (ShapeAgent only;
 	// default DefaultTurns, at most MaxTurns).
-	Turns       int `json:"turns,omitempty"`
-	Concurrency int `json:"concurrency"`   // jobs in flight; default Jobs
-	Payload     int `json:"payload_bytes"` // state size in bytes; default 1024
+	Turns int `json:"turns,omitempty"`
+	// StepConcurrency, when above 0, gives every step of a chain job a
+	// concurrency limit of this many across all jobs (schemas.Concurrency,
+	// no key): the cost of flow control. 0: no limit (chain only).
+	StepConcurrency int `json:"step_concurrency,omitempty"`
+	Concurrency     int `json:"concurrency"`   // jobs in flight; default Jobs
+	Payload         int `json:"payload_bytes"` // state size in bytes; default 1024
 	// StateValues splits the payload into that many state members of
 	// Payload/StateValues bytes each (v1..vN); 0 or 1: one member. Members
 	// over the value threshold (64 KiB) are kept by reference.

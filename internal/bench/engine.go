@@ -330,6 +330,9 @@ func benchDefinition(cfg Config) (*schemas.Definition, error) {
 		case "model":
 			b.WriteString("    with: {provider: replay, prompt: 'step {{.step}}', cassette: cassette}\n    save_as: last\n")
 		}
+		if cfg.StepConcurrency > 0 {
+			fmt.Fprintf(&b, "    concurrency: {limit: %d}\n", cfg.StepConcurrency)
+		}
 		if i < cfg.Steps {
 			fmt.Fprintf(&b, "    next: [{to: s%d}]\n", i+1)
 		}

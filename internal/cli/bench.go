@@ -101,6 +101,7 @@ chain shape's only.`,
 	f.IntVar(&c.Branches, "branches", bench.DefaultBranches, "branches of a parallel job: 1..64 (--shape parallel)")
 	f.IntVar(&c.Turns, "turns", bench.DefaultTurns, "model turns of an agent job: 1..200 (--shape agent)")
 	f.IntVar(&c.Concurrency, "concurrency", 0, "jobs in flight (default: all of them)")
+	f.IntVar(&c.StepConcurrency, "step-concurrency", 0, "a concurrency limit on every step of a chain job, across all jobs: 1..1000 (default: none)")
 	f.IntVar(&c.Payload, "payload", 1024, "state size in bytes (1..524288; up to 16 MiB with --state-values)")
 	f.IntVar(&c.StateValues, "state-values", 0, "split the payload into this many state members (members over 64 KiB are kept by reference)")
 	f.StringVar(&c.Kind, "kind", "noop", "step kind: noop, http (a local server) or model (replayed)")
@@ -203,16 +204,20 @@ timed then. Linux only.`,
 // flag, and clears in c what its shape does not use (changed says which
 // flags were given); a map takes one job unless --jobs says.
 func checkBenchShape(c *bench.Config, floorOnly bool, changed func(string) bool) error {
-	only := map[string]string{"steps": bench.ShapeChain, "items": bench.ShapeMap, "item-concurrency": bench.ShapeMap, "branches": bench.ShapeParallel, "turns": bench.ShapeAgent}
+	only := map[string]string{"steps": bench.ShapeChain, "items": bench.ShapeMap, "item-concurrency": bench.ShapeMap, "branches": bench.ShapeParallel, "turns": bench.ShapeAgent,
+		"step-concurrency": bench.ShapeChain}
 	switch c.Shape {
 	case bench.ShapeChain, bench.ShapeMap, bench.ShapeParallel, bench.ShapeAgent:
 	default:
 		return fmt.Errorf("--shape %q: want chain, map, parallel or agent", c.Shape)
 	}
-	for _, name := range []string{"steps", "items", "item-concurrency", "branches", "turns"} {
+	for _, name := range []string{"steps", "items", "item-concurrency", "branches", "turns", "step-concurrency"} {
 		if changed(name) && only[name] != c.Shape {
 			return fmt.Errorf("--%s is for --shape %s, not %s", name, only[name], c.Shape)
 		}
+	}
+	if c.StepConcurrency < 0 || c.StepConcurrency > schemas.MaxConcurrencyLimit {
+		return fmt.Errorf("--step-concurrency %d: want 1..%d (0: no limit)", c.StepConcurrency, schemas.MaxConcurrencyLimit)
 	}
 	switch c.Shape {
 	case bench.ShapeMap:

@@ -183,6 +183,13 @@ func printView(w io.Writer, v *client.JobView) {
 		}
 		fmt.Fprintln(w)
 	}
+	for _, wd := range v.Waiting {
+		step := wd.Step
+		if wd.Item > 0 {
+			step += fmt.Sprintf(" item %d", wd.Item)
+		}
+		fmt.Fprintf(w, "waiting   %s (attempt %d), since %s: %s\n", step, wd.Attempt, wd.Flow.Since.UTC().Format(time.RFC3339), oneLine(wd.Reason, 300))
+	}
 	for _, line := range approvalLines(v) {
 		fmt.Fprintf(w, "approval  %s\n", oneLine(line, 400))
 	}
@@ -252,6 +259,9 @@ func printView(w io.Writer, v *client.JobView) {
 		if v.Current != nil && v.Current.Held && v.Current.Step == s.ID {
 			st = "held" // recorded while paused, not sent
 		}
+		if v.Current != nil && v.Current.Waiting != nil && v.Current.Step == s.ID {
+			st = "waiting" // recorded, not sent: a flow limit has no room
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", s.ID, s.Kind, st, s.Attempts, last)
 	}
 	_ = tw.Flush()
@@ -297,7 +307,11 @@ of the next one (--after); it reads the job index, not every checkpoint.`,
 				tw := tabwriter.NewWriter(g.stdout, 2, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "JOB\tWORKFLOW\tSTATUS\tSTEP\tRESUMES\tUPDATED")
 				for _, j := range page.Jobs {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", j.ID, j.Workflow, j.Status, j.CurrentStep, j.ResumeCount, j.UpdatedAt.Format(time.RFC3339))
+					step := j.CurrentStep
+					if j.Waiting != "" {
+						step += " (waiting: " + oneLine(j.Waiting, 80) + ")"
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", j.ID, j.Workflow, j.Status, step, j.ResumeCount, j.UpdatedAt.Format(time.RFC3339))
 				}
 				if err := tw.Flush(); err != nil {
 					return err

@@ -2,8 +2,12 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/schemas"
 )
 
@@ -23,11 +27,37 @@ func TestPrintEventNamesMapItems(t *testing.T) {
 			"  charge               attempt 2   effect confirmed\n"},
 		{schemas.HistoryEvent{Type: schemas.EventStepCancelled, Data: schemas.HistoryData{Step: "b", Attempt: 1, Reason: "the join was decided"}},
 			"  b                    attempt 1   cancelled: the join was decided\n"},
+		{schemas.HistoryEvent{Type: schemas.EventStepWaiting, Data: schemas.HistoryData{Step: "charge", Attempt: 1, Reason: `concurrency limit orders-charge-1 for key "acme": 2 of 2 running`}},
+			"  charge               attempt 1   waiting: concurrency limit orders-charge-1 for key \"acme\": 2 of 2 running\n"},
+		{schemas.HistoryEvent{Type: schemas.EventStepAdmitted, Data: schemas.HistoryData{Step: "charge", Attempt: 1, Flow: &schemas.FlowWait{Kind: schemas.FlowConcurrency, Limit: "orders-charge-1", Key: "acme", Max: 2, InUse: 1}}},
+			"  charge               attempt 1   admitted: concurrency limit orders-charge-1 for key \"acme\", 1 of 2\n"},
 	} {
 		var b bytes.Buffer
 		printEvent(&b, tc.ev)
 		if b.String() != tc.want {
 			t.Errorf("printed %q, want %q", b.String(), tc.want)
+		}
+	}
+}
+
+// TestPrintViewShowsWhatWaits: engine status names a dispatch waiting for
+// a flow limit, and marks its step waiting.
+func TestPrintViewShowsWhatWaits(t *testing.T) {
+	t.Parallel()
+	since := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	w := &schemas.FlowWait{Kind: schemas.FlowConcurrency, Limit: "orders-charge-1", Key: "acme", Max: 2, InUse: 2, Since: since}
+	cp := &schemas.Checkpoint{JobID: "order-7", Workflow: "orders", Version: 1, DefinitionHash: "abcdef0123456789", Status: schemas.JobRunning,
+		State: json.RawMessage(`{}`), Steps: map[string]*schemas.StepRecord{"charge": {Status: schemas.StepDispatched, Attempts: 1, Runs: 1}},
+		Current: &schemas.Dispatch{Step: "charge", Attempt: 1, MsgID: "order-7/charge/1", Waiting: w}}
+	var b bytes.Buffer
+	printView(&b, client.NewJobView(cp, nil))
+	out := b.String()
+	for _, want := range []string{
+		`waiting   charge (attempt 1), since 2026-12-01T10:00:00Z: concurrency limit orders-charge-1 for key "acme": 2 of 2 running`,
+		"charge        waiting",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status output lacks %q:\n%s", want, out)
 		}
 	}
 }

@@ -603,6 +603,21 @@ func printEvent(w io.Writer, h schemas.HistoryEvent) {
 			d.Step, d.Attempt, d.DurationMs, d.Model, u.Input, u.Output, u.CacheRead, d.Reason)
 	case schemas.EventStepCancelled:
 		fmt.Fprintf(w, "  %-20s attempt %-3d cancelled: %s\n", d.Step, d.Attempt, d.Reason)
+	case schemas.EventStepWaiting:
+		fmt.Fprintf(w, "  %-20s attempt %-3d waiting: %s\n", d.Step, d.Attempt, d.Reason)
+	case schemas.EventStepAdmitted:
+		what := ""
+		if f := d.Flow; f != nil {
+			what = ": " + f.Kind + " limit " + f.Limit
+			if f.Key != "" {
+				what += fmt.Sprintf(" for key %q", f.Key)
+			}
+			what += fmt.Sprintf(", %d of %d", f.InUse, f.Max)
+			if f.Kind == schemas.FlowRate && f.Until != nil {
+				what += " in the window from " + f.Since.UTC().Format(time.RFC3339)
+			}
+		}
+		fmt.Fprintf(w, "  %-20s attempt %-3d admitted%s\n", d.Step, d.Attempt, what)
 	case schemas.EventEffectConfirmed, schemas.EventEffectAmbiguous, schemas.EventEffectReconciled, schemas.EventEffectReplayed:
 		ext := ""
 		if d.ExternalID != "" {
