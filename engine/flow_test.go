@@ -454,7 +454,6 @@ func TestCancelWhileWaitingOrHolding(t *testing.T) {
 			return json.RawMessage(`{}`), nil
 		})
 	}
-	defer close(hold)
 	b.start(def, `{}`, "holder")
 	testsupport.Eventually(t, 10*time.Second, func() bool { return len(flowKeys(t, b.store, "c.>")) == 1 }, "holder has no slot")
 	b.start(def, `{}`, "waiter-1")
@@ -479,6 +478,10 @@ func TestCancelWhileWaitingOrHolding(t *testing.T) {
 	if v := b.wait("waiter-2"); v.Status != schemas.JobCompleted {
 		t.Fatalf("waiter-2 ended %s", v.Status)
 	}
+	// The holder's call returns now; its result, for a cancelled job, is
+	// dropped (waited for, so that it is not published after the test).
+	close(hold)
+	testsupport.Eventually(t, 10*time.Second, func() bool { return b.engine.Stats().StaleDropped >= 1 }, "the cancelled holder's result was not dropped")
 	testsupport.Eventually(t, 10*time.Second, func() bool {
 		return len(flowKeys(t, b.store, "c.>")) == 0 && len(flowKeys(t, b.store, "w.>")) == 0
 	}, "flow bucket not empty: %v %v", flowKeys(t, b.store, "c.>"), flowKeys(t, b.store, "w.>"))

@@ -258,8 +258,8 @@ func TestOpenCreatesLayout(t *testing.T) {
 			t.Errorf("bucket %s: history %d, max value %d, storage %v", bucket, c.MaxMsgsPerSubject, c.MaxMsgSize, c.Storage)
 		}
 	}
-	if got := streamNames(t, b.js); len(got) != 13 {
-		t.Errorf("streams = %v, want 5 streams, 7 buckets and the value bucket", got)
+	if got := streamNames(t, b.js); len(got) != 14 {
+		t.Errorf("streams = %v, want 5 streams, 8 buckets and the value bucket", got)
 	}
 
 	eng := consumerInfo(t, b.js, n.InboxStream, n.EngineConsumer).Config
