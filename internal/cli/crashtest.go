@@ -11,7 +11,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/waymark-dev/waymark/internal/crashtest"
-	"github.com/waymark-dev/waymark/internal/failpoint"
 )
 
 func newCrashtestCmd(g *globals) *cobra.Command {
@@ -30,7 +29,7 @@ status, the resume count, the steps run again, the effect ledger by state and,
 for steps that call the bundled test providers (payments, records, mail,
 tickets), the calls and effects each idempotency key received.
 
-Failpoints: ` + strings.Join(failpoint.Known, ", ") + `.
+Failpoints: ` + strings.Join(crashtest.Failpoints(), ", ") + `.
 
 Besides the crashes, two outcome cases per step: ` + crashtest.SlowProvider + ` (the step's
 bundled provider answers every call 3 s late, past the step's timeout, cut to
