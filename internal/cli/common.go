@@ -117,9 +117,8 @@ type embeddedFlags struct {
 	maxStore     string // as given; parsed by validate into maxBytes
 	maxBytes     int64
 	keyFile      string // --encryption-key-file
-	oldKeyFile   string // --encryption-old-key-file
 	cipher       string // --encryption-cipher
-	key, oldKey  string // read by validate from the files or WAYMARK_ENCRYPTION_KEY
+	key          string // read by validate from the files or WAYMARK_ENCRYPTION_KEY
 	flags        *pflag.FlagSet
 }
 
@@ -130,7 +129,6 @@ func (e *embeddedFlags) bind(cmd *cobra.Command) {
 	f.StringVar(&e.sync, "sync", envOr("WAYMARK_SYNC", natsserver.SyncAlways), "embedded JetStream sync policy: always (fsync before every acknowledgement) or interval (env WAYMARK_SYNC)")
 	f.DurationVar(&e.syncInterval, "sync-interval", time.Second, "fsync period under --sync interval")
 	f.StringVar(&e.keyFile, "encryption-key-file", "", "encrypt the embedded server's JetStream files at rest with the key in FILE (at least 32 bytes; default: the key text in env WAYMARK_ENCRYPTION_KEY, if set)")
-	f.StringVar(&e.oldKeyFile, "encryption-old-key-file", "", "the previous key, for one start that re-encrypts the data directory with --encryption-key-file's (key rotation)")
 	f.StringVar(&e.cipher, "encryption-cipher", envOr("WAYMARK_ENCRYPTION_CIPHER", natsserver.CipherChaCha), "cipher of --encryption-key-file: chacha or aes (env WAYMARK_ENCRYPTION_CIPHER)")
 	f.StringVar(&e.maxStore, "max-store", envOr("WAYMARK_MAX_STORE", ""), "cap on the embedded server's JetStream file storage, e.g. 512MiB or 10GB; writes beyond it are refused (default: 75% of the disk space free at start) (env WAYMARK_MAX_STORE)")
 }
@@ -155,14 +153,6 @@ func (e *embeddedFlags) validate() error {
 	if e.keyFile != "" {
 		if e.key, err = readKeyFile("encryption-key-file", e.keyFile); err != nil {
 			return err
-		}
-	}
-	if e.oldKeyFile != "" {
-		if e.oldKey, err = readKeyFile("encryption-old-key-file", e.oldKeyFile); err != nil {
-			return err
-		}
-		if e.key == "" {
-			return errors.New("--encryption-old-key-file needs the new key too (--encryption-key-file or WAYMARK_ENCRYPTION_KEY): removing encryption is not supported")
 		}
 	}
 	if e.key != "" && len(e.key) < natsserver.MinKeyBytes {
@@ -202,7 +192,7 @@ func (e *embeddedFlags) chooseServer(g *globals, log *slog.Logger) error {
 		return nil
 	}
 	var given []string
-	for _, name := range []string{"data-dir", "listen", "max-store", "sync", "sync-interval", "encryption-key-file", "encryption-old-key-file", "encryption-cipher"} {
+	for _, name := range []string{"data-dir", "listen", "max-store", "sync", "sync-interval", "encryption-key-file", "encryption-cipher"} {
 		if f := e.flags.Lookup(name); f != nil && f.Changed {
 			given = append(given, "--"+name)
 		}
@@ -226,7 +216,7 @@ func (e *embeddedFlags) start(listen string, log *slog.Logger) (*natsserver.Serv
 	return natsserver.Start(natsserver.Config{
 		DataDir: e.dataDir, Listen: listen, Sync: e.sync, SyncInterval: e.syncInterval,
 		MaxStore: e.maxBytes, Logger: log,
-		EncryptionKey: e.key, EncryptionOldKey: e.oldKey, EncryptionCipher: e.cipher,
+		EncryptionKey: e.key, EncryptionCipher: e.cipher,
 	})
 }
 

@@ -115,9 +115,6 @@ func prepareEncryption(cfg Config, opts *server.Options) (commit func() error, e
 		return commit, fmt.Errorf("data directory %s: %w", dir, err)
 	}
 	if cfg.EncryptionKey == "" {
-		if cfg.EncryptionOldKey != "" {
-			return commit, errors.New("an old encryption key without a new one: give the new key too (removing encryption is not supported)")
-		}
 		if rec != nil || hasEncryptedStreams(filepath.Join(dir, "jetstream")) {
 			return commit, fmt.Errorf("data directory %s was written encrypted: give its key with --encryption-key-file FILE or WAYMARK_ENCRYPTION_KEY: %w", dir, ErrKeyRequired)
 		}
@@ -135,7 +132,7 @@ func prepareEncryption(cfg Config, opts *server.Options) (commit func() error, e
 	default:
 		return commit, fmt.Errorf("encryption cipher %q: want %s or %s", cfg.EncryptionCipher, CipherChaCha, CipherAES)
 	}
-	opts.JetStreamKey, opts.JetStreamOldKey = cfg.EncryptionKey, cfg.EncryptionOldKey
+	opts.JetStreamKey = cfg.EncryptionKey
 	switch {
 	case rec == nil && hasEncryptedStreams(filepath.Join(dir, "jetstream")):
 		// Encrypted by something else (the record was removed): the server
@@ -151,12 +148,6 @@ func prepareEncryption(cfg Config, opts *server.Options) (commit func() error, e
 			return func() error { return writeKeyCheck(dir, cfg.EncryptionKey, cipher) }, nil
 		}
 		return commit, nil
-	case cfg.EncryptionOldKey != "" && rec.matches(cfg.EncryptionOldKey):
-		// Rotation: the server reads with the old key and writes with the
-		// new one; the record follows once it has started.
-		return func() error { return writeKeyCheck(dir, cfg.EncryptionKey, cipher) }, nil
-	case cfg.EncryptionOldKey != "":
-		return commit, fmt.Errorf("data directory %s: neither the encryption key nor the old key is the one it was written with: %w", dir, ErrWrongKey)
 	}
 	return commit, fmt.Errorf("data directory %s: the encryption key is not the one it was written with (check --encryption-key-file or WAYMARK_ENCRYPTION_KEY): %w", dir, ErrWrongKey)
 }

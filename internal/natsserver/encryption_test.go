@@ -90,7 +90,6 @@ func TestEncryptedDataDirNeedsItsKey(t *testing.T) {
 	}{
 		{"no key", Config{DataDir: dir}, ErrKeyRequired, "--encryption-key-file"},
 		{"wrong key", Config{DataDir: dir, EncryptionKey: keyB}, ErrWrongKey, "not the one it was written with"},
-		{"wrong key and wrong old key", Config{DataDir: dir, EncryptionKey: keyB, EncryptionOldKey: keyB + "x"}, ErrWrongKey, "neither"},
 		{"short key", Config{DataDir: dir, EncryptionKey: "short"}, nil, "at least 32"},
 		{"unknown cipher", Config{DataDir: dir, EncryptionKey: keyA, EncryptionCipher: "rot13"}, nil, `"rot13"`},
 	} {
@@ -112,17 +111,6 @@ func TestEncryptedDataDirNeedsItsKey(t *testing.T) {
 	}
 	if _, err := Start(Config{DataDir: dir}); !errors.Is(err, ErrKeyRequired) {
 		t.Fatalf("no key, record removed: %v, want ErrKeyRequired", err)
-	}
-}
-
-func TestEncryptionKeyRotation(t *testing.T) {
-	t.Parallel()
-	dir := t.TempDir()
-	withBucket(t, Config{DataDir: dir, EncryptionKey: keyA}, func(kv jetstream.KeyValue) { put(t, kv) })
-	withBucket(t, Config{DataDir: dir, EncryptionKey: keyB, EncryptionOldKey: keyA}, func(kv jetstream.KeyValue) { mustRead(t, kv) })
-	withBucket(t, Config{DataDir: dir, EncryptionKey: keyB}, func(kv jetstream.KeyValue) { mustRead(t, kv) })
-	if _, err := Start(Config{DataDir: dir, EncryptionKey: keyA}); !errors.Is(err, ErrWrongKey) {
-		t.Fatalf("the old key after the rotation: %v, want ErrWrongKey", err)
 	}
 }
 

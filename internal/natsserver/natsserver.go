@@ -63,10 +63,6 @@ type Config struct {
 	// (ErrKeyRequired) or with another (ErrWrongKey); a plain directory
 	// given a key is encrypted in place by the server as it starts.
 	EncryptionKey string
-	// EncryptionOldKey is the previous key during a rotation: the server
-	// decrypts with it what the new key cannot and writes everything again
-	// with EncryptionKey. Give it on one start, then drop it.
-	EncryptionOldKey string
 	// EncryptionCipher is CipherChaCha (default) or CipherAES. A change of
 	// cipher is applied by the server as it loads each stream.
 	EncryptionCipher string
