@@ -150,6 +150,25 @@ func TestPermissionsRunAJob(t *testing.T) {
 	p := startPermServer(t, os.Getenv("WAYMARK_PERMISSIONS_TRACE") != "")
 	as := func(c string) []string { return []string{"--nats-url", p.url, "--nkey", p.seeds[c]} }
 
+	// A worker started before any engine waits for the layout (its user
+	// may not create it), then serves (its own pool: it takes no steps).
+	var early syncBuf
+	{
+		cmd := NewEngineCommand(&early, &early)
+		cmd.SetArgs(append([]string{"worker", "--pool", "early", "--log-level", "info"}, as("worker")...))
+		ctx, stop := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- cmd.ExecuteContext(ctx) }()
+		t.Cleanup(func() {
+			stop()
+			if err := <-done; err != nil {
+				t.Errorf("early worker: %v", err)
+			}
+		})
+		testsupport.Eventually(t, 30*time.Second, func() bool { return strings.Contains(early.String(), "cannot open the Waymark streams and buckets yet") },
+			"the worker started first did not say it waits: %s", &early)
+	}
+
 	// The engine, with the demo services for the worker to call.
 	s := &served{out: &syncBuf{}, log: &syncBuf{}}
 	t.Setenv("WAYMARK_DATA_DIR", t.TempDir()) // where --demo keeps its services' data (--data-dir would ask for the embedded server)
@@ -196,6 +215,15 @@ func TestPermissionsRunAJob(t *testing.T) {
 		testsupport.Eventually(t, 30*time.Second, func() bool { return strings.Contains(wout.String(), "worker serving") },
 			"worker did not start: %s\n%s\nviolations:\n%s", &wout, &wlog, p.log)
 	}
+
+	testsupport.Eventually(t, 60*time.Second, func() bool { return strings.Contains(early.String(), "worker serving") },
+		"the worker started before the engine does not serve: %s", &early)
+	for _, v := range p.log.violations() {
+		if !strings.Contains(v, "$JS.API.STREAM.CREATE.") {
+			t.Errorf("while the early worker waited: %s (want only its refused stream creates)", v)
+		}
+	}
+	waited := len(p.log.violations())
 
 	cli := func(args ...string) string {
 		t.Helper()
@@ -261,7 +289,7 @@ func TestPermissionsRunAJob(t *testing.T) {
 		t.Errorf("the same event twice: %q, then %q; want the same job", first, again)
 	}
 
-	if v := p.log.violations(); len(v) > 0 {
+	if v := p.log.violations()[waited:]; len(v) > 0 {
 		t.Errorf("permission violations while running the jobs:\n%s", strings.Join(v, "\n"))
 	}
 	if os.Getenv("WAYMARK_PERMISSIONS_TRACE") != "" {

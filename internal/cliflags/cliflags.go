@@ -380,6 +380,10 @@ func KVConfig(cfg kv.Config, prefix string, fs *pflag.FlagSet) (kv.Config, error
 // OpenStore opens the Waymark layout over nc with cfg completed by
 // KVConfig, giving up after 30s.
 func OpenStore(ctx context.Context, nc *nats.Conn, cfg kv.Config, prefix string, fs *pflag.FlagSet, log *slog.Logger) (*kv.Store, error) {
+	return openStore(ctx, nc, cfg, prefix, fs, log, 30*time.Second)
+}
+
+func openStore(ctx context.Context, nc *nats.Conn, cfg kv.Config, prefix string, fs *pflag.FlagSet, log *slog.Logger, timeout time.Duration) (*kv.Store, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
@@ -387,7 +391,7 @@ func OpenStore(ctx context.Context, nc *nats.Conn, cfg kv.Config, prefix string,
 	if cfg, err = KVConfig(cfg, prefix, fs); err != nil {
 		return nil, err
 	}
-	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	octx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	st, err := kv.Open(octx, js, cfg, log)
 	if err != nil {
@@ -397,6 +401,33 @@ func OpenStore(ctx context.Context, nc *nats.Conn, cfg kv.Config, prefix string,
 		return nil, fmt.Errorf("open Waymark streams and buckets: %w", err)
 	}
 	return st, nil
+}
+
+// OpenAttemptTimeout bounds one attempt of OpenStoreWaiting.
+const OpenAttemptTimeout = 10 * time.Second
+
+// OpenStoreWaiting opens the layout as OpenStore does, for a long-running
+// process that creates none of it (a worker): while the streams and
+// buckets cannot be opened in time (absent, and the process's NATS user
+// may not create them; the server's permission refusals go unanswered),
+// it logs at warn and tries again with ReconnectDelay's backoff until ctx
+// ends, so a worker started before any engine waits for one. Other
+// errors (settings Waymark cannot work with, no JetStream) return at once.
+func OpenStoreWaiting(ctx context.Context, nc *nats.Conn, cfg kv.Config, prefix string, fs *pflag.FlagSet, log *slog.Logger) (*kv.Store, error) {
+	for attempt := 1; ; attempt++ {
+		st, err := openStore(ctx, nc, cfg, prefix, fs, log, OpenAttemptTimeout)
+		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			return st, err
+		}
+		d := ReconnectDelay(attempt)
+		log.Warn("cannot open the Waymark streams and buckets yet; retrying (is an engine running? it creates them; a worker may lack the permission to)",
+			"attempt", attempt, "retry_in", d.Round(time.Millisecond), "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("open Waymark streams and buckets: %w", ctx.Err())
+		case <-time.After(d):
+		}
+	}
 }
 
 // OpenStore opens the layout with g's prefix (see OpenStore).

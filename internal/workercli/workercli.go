@@ -87,8 +87,11 @@ backoff and logging each retry.`,
 				return err
 			}
 			defer nc.Close()
-			st, err := g.OpenStore(ctx, nc, kv.Config{}, log)
+			st, err := cliflags.OpenStoreWaiting(ctx, nc, kv.Config{}, g.Prefix, g.Flags, log)
 			if err != nil {
+				if ctx.Err() != nil {
+					return nil // stopped while waiting for the layout: a clean stop
+				}
 				return err
 			}
 			w, err := steps.NewWorker(steps.WorkerConfig{Store: st, Registry: reg, Env: env, Pool: pool,
