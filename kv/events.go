@@ -111,6 +111,9 @@ func (s *Store) ensureEventBucket(ctx context.Context) (jetstream.KeyValue, erro
 		return kv, nil
 	}
 	have.MaxAge = want.TTL
+	if have.Duplicates > want.TTL {
+		have.Duplicates = want.TTL // the server refuses a duplicate window longer than the max age (a bucket created with a TTL under 2m has one as long)
+	}
 	if _, err := s.JS.UpdateStream(ctx, have); err != nil {
 		return nil, fmt.Errorf("set the retention of bucket %s to %v: %w", want.Bucket, want.TTL, err)
 	}

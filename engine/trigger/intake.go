@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/cloudevents/sdk-go/v2/types"
@@ -204,6 +205,10 @@ func (in *Intake) Accept(ctx context.Context, ev *event.Event) (*Answer, error) 
 		in.invalid.Add(1)
 		return nil, invalidEvent(err)
 	}
+	if r := checkText(ev); r != nil {
+		in.invalid.Add(1)
+		return nil, r
+	}
 	ref := EventRef{Source: ev.Source(), ID: ev.ID()}
 	rec, err := in.store.Events.Get(ctx, ref.Source, ref.ID)
 	switch {
@@ -281,11 +286,14 @@ func (in *Intake) Accept(ctx context.Context, ev *event.Event) (*Answer, error) 
 	if err != nil {
 		return nil, fmt.Errorf("event %q from %q: jobs started, not recorded (deliver it again: it attaches to them): %w", ref.ID, ref.Source, err)
 	}
-	if !created {
-		// A concurrent delivery of the same event recorded it first.
+	if !created && !fresh {
+		// A concurrent delivery of the same event recorded it first (and
+		// started its jobs: this one attached to them).
 		in.duplicate.Add(1)
 		return recorded(got), nil
 	}
+	// This delivery started a job (a concurrent one may have recorded the
+	// event first, with the same derived ids): the answer says which.
 	if fresh {
 		in.accepted.Add(1)
 	} else {
@@ -581,6 +589,51 @@ func isJSON(ct string) bool {
 	}
 	ct = strings.ToLower(strings.TrimSpace(ct))
 	return ct == "application/json" || ct == "text/json" || strings.HasSuffix(ct, "+json")
+}
+
+// MaxAttributeBytes caps the id, source, type and subject of an event
+// (bytes): they are echoed in answers and kept in its dedup record.
+const MaxAttributeBytes = 1024
+
+// checkText refuses an event whose attributes or data are not Unicode
+// text (invalid UTF-8, or in JSON data a \u escape of a lone surrogate),
+// as POST /v1/jobs refuses such input, rather than letting decoding swap
+// them for U+FFFD: a job would start with other text than was sent, and
+// an id echoed back would not be the one recorded. Attributes over
+// MaxAttributeBytes are refused too.
+func checkText(ev *event.Event) *Refusal {
+	for _, a := range []struct{ name, value string }{{"id", ev.ID()}, {"source", ev.Source()}, {"type", ev.Type()}, {"subject", ev.Subject()}} {
+		if !utf8.ValidString(a.value) {
+			return &Refusal{Code: schemas.CodeEventInvalid, Attribute: a.name, Message: fmt.Sprintf("not a valid CloudEvent: %s: not UTF-8 text", a.name)}
+		}
+		if len(a.value) > MaxAttributeBytes {
+			return &Refusal{Code: schemas.CodeEventInvalid, Attribute: a.name,
+				Message: fmt.Sprintf("not a valid CloudEvent: %s: %d bytes, at most %d", a.name, len(a.value), MaxAttributeBytes)}
+		}
+	}
+	for k, v := range ev.Extensions() {
+		if s, ok := v.(string); ok && !utf8.ValidString(s) {
+			return &Refusal{Code: schemas.CodeEventInvalid, Attribute: k, Message: fmt.Sprintf("not a valid CloudEvent: extension %s: not UTF-8 text", k)}
+		}
+	}
+	data := ev.Data()
+	if len(data) == 0 {
+		return nil
+	}
+	if !utf8.Valid(data) {
+		return &Refusal{Code: schemas.CodeEventInvalid, Attribute: "data", Message: "data: not UTF-8 text (binary data cannot become a job's input)"}
+	}
+	if ct := ev.DataContentType(); isJSON(ct) || ct == "" {
+		if err := schemas.CheckJSONText(data); err != nil && json.Valid(data) {
+			msg := err.Error()
+			var te *schemas.TextError
+			if errors.As(err, &te) {
+				msg = te.Error()
+			}
+			return &Refusal{Code: schemas.CodeEventInvalid, Attribute: "data", Message: "data: " + msg}
+		}
+	}
+	return nil
 }
 
 // invalidEvent turns sdk-go's complaint about an event into a Refusal

@@ -426,6 +426,7 @@ func TestConcurrentDeliveries(t *testing.T) {
 	b := setup(t, options{})
 	const n = 8
 	ids := make([]string, n)
+	var fresh atomic.Int32
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Add(1)
@@ -437,6 +438,9 @@ func TestConcurrentDeliveries(t *testing.T) {
 				return
 			}
 			ids[i] = a.Jobs[0].JobID
+			if !a.Jobs[0].Duplicate {
+				fresh.Add(1)
+			}
 		}()
 	}
 	wg.Wait()
@@ -446,6 +450,34 @@ func TestConcurrentDeliveries(t *testing.T) {
 		}
 	}
 	b.wantJobs(t, 1)
+	if fresh.Load() != 1 {
+		t.Errorf("%d answers said they started the job, want exactly one (the others duplicates)", fresh.Load())
+	}
+}
+
+// TestTextMustBeUnicode: an event whose data or attributes are not Unicode
+// text is refused, naming the attribute, and starts nothing (decoding
+// would swap the bad bytes for U+FFFD and start a job with other text).
+func TestTextMustBeUnicode(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	for _, tc := range []struct {
+		name    string
+		headers map[string]string
+		body    string
+		attr    string
+	}{
+		{"data not UTF-8", binary("text-1", "/shop/eu"), "{\"order_id\": \"\xff\xfe\", \"amount\": 1}", "data"},
+		{"data with a lone surrogate", binary("text-2", "/shop/eu"), `{"order_id": "\ud800", "amount": 1}`, "data"},
+		{"id not UTF-8", binary("text-\xfe", "/shop/eu"), orderData, "id"},
+		{"id too long", binary(strings.Repeat("x", trigger.MaxAttributeBytes+1), "/shop/eu"), orderData, "id"},
+	} {
+		a := b.post(t, tc.headers, tc.body)
+		if a.status != http.StatusBadRequest || a.Error == nil || a.Error.Code != schemas.CodeEventInvalid || a.Error.Attribute != tc.attr {
+			t.Errorf("%s: %d %+v, want 400 event_invalid naming %s", tc.name, a.status, a.Error, tc.attr)
+		}
+	}
+	b.wantJobs(t, 0)
 }
 
 // TestBatch: a batch-mode request starts each event's jobs and answers one
@@ -648,6 +680,12 @@ func TestEventRetention(t *testing.T) {
 	srv.Store(t, kv.Config{EventRetention: time.Hour, TuneConsumers: true})
 	if got := ttl(); got != time.Hour {
 		t.Fatalf("retention %v after an engine open, want 1h", got)
+	}
+	// Shorter than the bucket's 2m duplicate window: the window shrinks
+	// with it (the server refuses a window over the max age).
+	srv.Store(t, kv.Config{EventRetention: 30 * time.Second, TuneConsumers: true})
+	if got := ttl(); got != 30*time.Second {
+		t.Fatalf("retention %v after an engine open, want 30s", got)
 	}
 	if err := (kv.Config{EventRetention: time.Millisecond}).WithDefaults().Validate(); err == nil || !strings.Contains(err.Error(), "event retention") {
 		t.Fatalf("a retention under 1s: %v", err)
