@@ -167,8 +167,12 @@ func Connect(c Conn, fs *pflag.FlagSet, name string) (*nats.Conn, error) {
 		return nil, err
 	}
 	nc, err := nats.Connect(s.URL, append(opts, nats.ReconnectWait(250*time.Millisecond))...)
-	if err != nil {
+	if errors.Is(err, nats.ErrNoServers) {
 		return nil, fmt.Errorf("connect to NATS at %s: %w (is an engine running? start `engine serve --data-dir DIR` on the data directory your jobs use (default .waymark), or point --nats-url (--server), NATS_URL or --context at your NATS server)", RedactURL(s.URL), err)
+	}
+	if err != nil {
+		// The server answered: refused credentials, a TLS mismatch.
+		return nil, fmt.Errorf("connect to NATS at %s: %w (the server answered: check --creds, --nkey, --tlscert, --tlskey, --tlsca or the --context)", RedactURL(s.URL), err)
 	}
 	return nc, nil
 }
