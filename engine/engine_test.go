@@ -44,18 +44,28 @@ type setupOptions struct {
 	noEngine bool
 	kv       kv.Config
 	engine   Config
+	// cluster runs the test on a three-node JetStream cluster, every
+	// stream and bucket with three replicas (b.srv is nil then).
+	cluster bool
 }
 
 func setup(t *testing.T, o setupOptions) *bundle {
 	t.Helper()
-	srv := testsupport.StartServer(t, testsupport.ServerOptions{})
 	if o.kv.InboxAckWait == 0 {
 		o.kv.InboxAckWait = 2 * time.Second
 	}
 	if o.kv.WorkAckWait == 0 {
 		o.kv.WorkAckWait = 2 * time.Second
 	}
-	st := srv.Store(t, o.kv)
+	var srv *testsupport.Server
+	var st *kv.Store
+	if o.cluster {
+		o.kv.Replicas = 3
+		st = testsupport.StartCluster(t, 3).Store(t, o.kv)
+	} else {
+		srv = testsupport.StartServer(t, testsupport.ServerOptions{})
+		st = srv.Store(t, o.kv)
+	}
 	b := &bundle{t: t, srv: srv, store: st, client: client.New(st), done: make(chan struct{})}
 	if o.noEngine {
 		close(b.done)

@@ -123,7 +123,24 @@ steps:
 // waiter is left in the bucket.
 func TestConcurrencyLimitPerKeyHoldsAcrossEnginesAndWorkers(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOptions{noEngine: true})
+	for _, cluster := range []bool{false, true} {
+		name := "one server"
+		if cluster {
+			name = "three-node cluster, three replicas"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			if cluster && testing.Short() {
+				t.Skip("the cluster run is skipped with -short")
+			}
+			concurrencyLimitHolds(t, setup(t, setupOptions{noEngine: true, cluster: cluster}))
+		})
+	}
+}
+
+// concurrencyLimitHolds runs 20 jobs over 3 customers, at most 2 charges
+// per customer at once, with 2 engines and 4 workers on b.
+func concurrencyLimitHolds(t *testing.T, b *bundle) {
 	engines := b.runEngines(2, Config{}, nil)
 	def := b.define(perCustomer)
 
