@@ -75,22 +75,7 @@ type proc struct {
 	err    error
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = testsupport.SyncBuffer
 
 func spawn(t *testing.T, env []string, bin string, args ...string) *proc {
 	t.Helper()

@@ -1,7 +1,6 @@
 package trigger_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,23 +17,7 @@ import (
 	"github.com/waymark-dev/waymark/schemas"
 )
 
-// syncBuffer is a bytes.Buffer safe for a child's output and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = testsupport.SyncBuffer
 
 // TestCrashAfterStartRealProcess kills a real engine serve (SIGKILL, by
 // the failpoint trigger.after_start) after it started an event's job and

@@ -165,7 +165,9 @@ func TestPermissionsRunAJob(t *testing.T) {
 				t.Errorf("early worker: %v", err)
 			}
 		})
-		testsupport.Eventually(t, 30*time.Second, func() bool { return strings.Contains(early.String(), "cannot open the Waymark streams and buckets yet") },
+		testsupport.Eventually(t, 30*time.Second, func() bool {
+			return strings.Contains(early.String(), "cannot open the Waymark streams and buckets yet")
+		},
 			"the worker started first did not say it waits: %s", &early)
 	}
 

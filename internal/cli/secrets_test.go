@@ -30,23 +30,7 @@ import (
 	"github.com/waymark-dev/waymark/schemas"
 )
 
-// syncBuf is an io.Writer a running command and the test share.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuf = testsupport.SyncBuffer
 
 // canaryForms returns the spellings of v a store could hold it in: plain,
 // hex, and the part of its base64 encoding (standard and URL alphabets)

@@ -4,6 +4,7 @@
 package testsupport
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -209,4 +210,25 @@ func NoopChain(name string, n int) string {
 		}
 	}
 	return b.String()
+}
+
+// SyncBuffer is a bytes.Buffer that a child process's output, a logger
+// and a test's pollers may use at once. The zero value is ready.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns what was written so far.
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

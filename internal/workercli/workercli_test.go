@@ -1,12 +1,10 @@
 package workercli
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
 	"regexp"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,22 +12,7 @@ import (
 	"github.com/waymark-dev/waymark/kv"
 )
 
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuf = testsupport.SyncBuffer
 
 // TestWorkerProbesFollowTheServer: a worker's --metrics server answers
 // /readyz 200 while its server runs, 503 with a reason while it is down,
