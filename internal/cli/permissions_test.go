@@ -152,41 +152,30 @@ func TestPermissionsRunAJob(t *testing.T) {
 
 	// A worker started before any engine waits for the layout (its user
 	// may not create it), then serves (its own pool: it takes no steps).
-	var early syncBuf
-	{
-		cmd := NewEngineCommand(&early, &early)
-		cmd.SetArgs(append([]string{"worker", "--pool", "early", "--log-level", "info"}, as("worker")...))
+	// background runs the engine command with args until the test ends.
+	background := func(name string, out, log *syncBuf, args ...string) {
+		cmd := NewEngineCommand(out, log)
+		cmd.SetArgs(args)
 		ctx, stop := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- cmd.ExecuteContext(ctx) }()
 		t.Cleanup(func() {
 			stop()
 			if err := <-done; err != nil {
-				t.Errorf("early worker: %v", err)
+				t.Errorf("%s: %v", name, err)
 			}
 		})
-		testsupport.Eventually(t, 30*time.Second, func() bool {
-			return strings.Contains(early.String(), "cannot open the Waymark streams and buckets yet")
-		},
-			"the worker started first did not say it waits: %s", &early)
 	}
+	var early syncBuf
+	background("early worker", &early, &early, append([]string{"worker", "--pool", "early", "--log-level", "info"}, as("worker")...)...)
+	testsupport.Eventually(t, 30*time.Second, func() bool {
+		return strings.Contains(early.String(), "cannot open the Waymark streams and buckets yet")
+	}, "the worker started first did not say it waits: %s", &early)
 
 	// The engine, with the demo services for the worker to call.
 	s := &served{out: &syncBuf{}, log: &syncBuf{}}
 	t.Setenv("WAYMARK_DATA_DIR", t.TempDir()) // where --demo keeps its services' data (--data-dir would ask for the embedded server)
-	{
-		cmd := NewEngineCommand(s.out, s.log)
-		cmd.SetArgs(append([]string{"serve", "--http", "", "--workers", "0", "--demo", "--log-level", "info"}, as("engine")...))
-		ctx, stop := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- cmd.ExecuteContext(ctx) }()
-		t.Cleanup(func() {
-			stop()
-			if err := <-done; err != nil {
-				t.Errorf("serve: %v", err)
-			}
-		})
-	}
+	background("serve", s.out, s.log, append([]string{"serve", "--http", "", "--workers", "0", "--demo", "--log-level", "info"}, as("engine")...)...)
 	services := map[string]string{}
 	svcRE := regexp.MustCompile(`(?m)^service (\w+): (\S+)$`)
 	testsupport.Eventually(t, 30*time.Second, func() bool {
@@ -197,26 +186,14 @@ func TestPermissionsRunAJob(t *testing.T) {
 	}, "engine did not start: %s\n%s\nviolations:\n%s", s.out, s.log, p.log)
 
 	// The worker.
-	{
-		var wout, wlog syncBuf
-		args := append([]string{"worker", "--log-level", "info"}, as("worker")...)
-		for name, url := range services {
-			args = append(args, "--service", name+"="+url)
-		}
-		cmd := NewEngineCommand(&wout, &wlog)
-		cmd.SetArgs(args)
-		ctx, stop := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- cmd.ExecuteContext(ctx) }()
-		t.Cleanup(func() {
-			stop()
-			if err := <-done; err != nil {
-				t.Errorf("worker: %v", err)
-			}
-		})
-		testsupport.Eventually(t, 30*time.Second, func() bool { return strings.Contains(wout.String(), "worker serving") },
-			"worker did not start: %s\n%s\nviolations:\n%s", &wout, &wlog, p.log)
+	var wout, wlog syncBuf
+	args := append([]string{"worker", "--log-level", "info"}, as("worker")...)
+	for name, url := range services {
+		args = append(args, "--service", name+"="+url)
 	}
+	background("worker", &wout, &wlog, args...)
+	testsupport.Eventually(t, 30*time.Second, func() bool { return strings.Contains(wout.String(), "worker serving") },
+		"worker did not start: %s\n%s\nviolations:\n%s", &wout, &wlog, p.log)
 
 	testsupport.Eventually(t, 60*time.Second, func() bool { return strings.Contains(early.String(), "worker serving") },
 		"the worker started before the engine does not serve: %s", &early)
