@@ -61,7 +61,20 @@ func setup(t *testing.T, o setupOptions) *bundle {
 	var st *kv.Store
 	if o.cluster {
 		o.kv.Replicas = 3
-		st = testsupport.StartCluster(t, 3).Store(t, o.kv)
+		c := testsupport.StartCluster(t, 3)
+		st = c.Store(t, o.kv)
+		// Every stream of the layout has a leader and current replicas
+		// before the test begins (a fresh cluster elects them a moment
+		// after creating the streams: until then, "no responders").
+		lctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		names := st.JS.StreamNames(lctx)
+		for name := range names.Name() {
+			c.StreamLeader(t, st.JS, name, 30*time.Second)
+		}
+		cancel()
+		if err := names.Err(); err != nil {
+			t.Fatal(err)
+		}
 	} else {
 		srv = testsupport.StartServer(t, testsupport.ServerOptions{})
 		st = srv.Store(t, o.kv)
