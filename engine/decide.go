@@ -206,7 +206,15 @@ items:
 			}
 			if it.signal.Type == schemas.SignalFlow {
 				// A wake-up for a dispatch waiting on a flow limit: the
-				// admission after this decision tries it again.
+				// admission after this decision tries it again. Decided
+				// on a checkpoint read now, not the cache: another engine
+				// may have moved the job on (a slot handed over, then a
+				// rate wait), and a wake-up that admits nothing writes
+				// nothing, so no compare-and-swap would tell that the
+				// cache was behind and the wake-up would be lost.
+				if !changed && !p.fresh {
+					return true
+				}
 				if !flowSignalApplies(cp, it.signal) {
 					if it.signal.Key != "" && !cp.Status.Terminal() && dispatchByID(cp, it.signal.ID) == nil && it.delivered < flowRedeliveries {
 						// A slot handed over while the dispatch's waiting

@@ -84,11 +84,14 @@ func compileFlow(def *schemas.Definition) ([]*stepFlow, error) {
 			if err != nil {
 				return nil, schemas.Errorf(schemas.CodeDefinitionInvalid, "steps[%d]: %v", i, err)
 			}
-			sf.rates = append(sf.rates, &flowLimit{id: schemas.FlowLimitID(def.Name, s.ID, "rate"), n: r.Limit, period: time.Duration(r.Period), key: t})
+			// The period is part of a window's identity: two versions
+			// with other periods count in windows of their own (one
+			// window of either length would be reset by the other).
+			sf.rates = append(sf.rates, &flowLimit{id: schemas.FlowLimitID(def.Name, s.ID, "rate", time.Duration(r.Period).String()), n: r.Limit, period: time.Duration(r.Period), key: t})
 		}
 		pool := def.PoolOf(s)
 		if p, ok := def.Pools[pool]; ok && p.RateLimit != nil {
-			sf.rates = append(sf.rates, &flowLimit{id: schemas.FlowLimitID("pool", pool), n: p.RateLimit.Limit, period: time.Duration(p.RateLimit.Period)})
+			sf.rates = append(sf.rates, &flowLimit{id: schemas.FlowLimitID("pool", pool, time.Duration(p.RateLimit.Period).String()), n: p.RateLimit.Limit, period: time.Duration(p.RateLimit.Period)})
 		}
 		if sf.conc != nil || len(sf.rates) > 0 {
 			out[i] = sf
@@ -282,7 +285,7 @@ func (e *Engine) admitOne(ctx context.Context, p *plan, cp *schemas.Checkpoint, 
 			if w.Ticket == "" {
 				w.Ticket = kv.WaiterKey(c.id, kd, sf.prio, w.Since, msgDigest(d.MsgID))
 			}
-			if err := e.store.Flow.Wait(ctx, c.id, kd, w.Ticket, kv.FlowHolder{Job: cp.JobID, Step: d.Step, MsgID: d.MsgID, Key: key, At: w.Since, Prio: sf.prio}); err != nil {
+			if err := e.store.Flow.Wait(ctx, c.id, kd, w.Ticket, kv.FlowHolder{Job: cp.JobID, Step: d.Step, MsgID: d.MsgID, Key: key, At: w.Since, Prio: sf.prio, Max: c.n}); err != nil {
 				return false, event{}, err
 			}
 			// A slot freed between the Creates and the waiter's record
@@ -387,7 +390,7 @@ func (e *Engine) takeSlot(ctx context.Context, p *plan, cp *schemas.Checkpoint, 
 	prefix := kv.SlotKey(c.id, kd, 0)
 	prefix = prefix[:len(prefix)-1]
 	for i, s := range *free {
-		if len(s) > len(prefix) && s[:len(prefix)] == prefix {
+		if len(s) > len(prefix) && s[:len(prefix)] == prefix && kv.SlotIndex(s) < c.n {
 			*free = append((*free)[:i:i], (*free)[i+1:]...)
 			p.flowSlots[d.MsgID] = s
 			return s, 0, nil
@@ -434,7 +437,13 @@ func (e *Engine) scheduleFlowTimer(ctx context.Context, cp *schemas.Checkpoint, 
 		return err
 	}
 	name := timerName("flow", d.Step+"-"+strconv.Itoa(d.Item))
-	return e.store.ScheduleTimer(ctx, cp.JobID, name, until, kv.InboxSignal, nil, sig, d.MsgID+"/flow/w"+strconv.FormatInt(until.Unix(), 10))
+	// The id names when it was set: a wake-up that finds the window still
+	// full (the timer fired as the window turned) writes nothing and sets
+	// the timer again for the same end, which must not be dropped as a
+	// duplicate of the one that just fired. A timer set twice (a decision
+	// made again) costs one more wake-up, which admits or waits again.
+	return e.store.ScheduleTimer(ctx, cp.JobID, name, until, kv.InboxSignal, nil, sig,
+		d.MsgID+"/flow/w"+strconv.FormatInt(until.Unix(), 10)+"/"+strconv.FormatInt(e.cfg.Now().UnixNano(), 36))
 }
 
 // A flow wake-up for a dispatch its job's checkpoint does not have yet is

@@ -546,3 +546,140 @@ func TestPausedWaiterDoesNotHoardASlot(t *testing.T) {
 		t.Fatalf("resumed job ended %s", v.Status)
 	}
 }
+
+const versionedLimit = `
+name: versioned
+version: %d
+steps:
+  - id: charge
+    kind: noop
+    save_as: charged
+    concurrency: {limit: %d}
+`
+
+// Two versions of a workflow that declare other limits for one step
+// share its slots, each taking only as many as its own limit: version 1
+// (limit 1) never runs two charges at once even while version 2 (limit
+// 3) releases slots it may not take, and no more than 3 run in all.
+func TestVersionsWithOtherConcurrencyLimitsKeepTheirOwn(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{noEngine: true})
+	b.runEngines(2, Config{}, nil)
+	v1, v2 := b.define(fmt.Sprintf(versionedLimit, 1, 1)), b.define(fmt.Sprintf(versionedLimit, 2, 3))
+	var mu sync.Mutex
+	running, most := map[int]int{}, map[int]int{}
+	total, mostTotal := 0, 0
+	for i := 0; i < 4; i++ {
+		b.worker(func(sm *schemas.StepMessage) (json.RawMessage, *schemas.Error) {
+			v := 1
+			if strings.HasPrefix(sm.Job, "v2-") {
+				v = 2
+			}
+			mu.Lock()
+			running[v]++
+			total++
+			most[v], mostTotal = max(most[v], running[v]), max(mostTotal, total)
+			mu.Unlock()
+			time.Sleep(30 * time.Millisecond) // simulated work, not synchronisation
+			mu.Lock()
+			running[v]--
+			total--
+			mu.Unlock()
+			return json.RawMessage(`{}`), nil
+		})
+	}
+	var ids []string
+	for i := 0; i < 6; i++ {
+		ids = append(ids, b.start(v1, `{}`, fmt.Sprintf("v1-%d", i)), b.start(v2, `{}`, fmt.Sprintf("v2-%d", i)))
+	}
+	for _, id := range ids {
+		if v := b.waitFlow(id); v.Status != schemas.JobCompleted {
+			t.Fatalf("job %s ended %s", id, v.Status)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if most[1] > 1 || most[2] > 3 || mostTotal > 3 {
+		t.Errorf("at once: version 1 %d (limit 1), version 2 %d (limit 3), in all %d (at most 3)", most[1], most[2], mostTotal)
+	}
+}
+
+const versionedRate = `
+name: paced
+version: %d
+steps:
+  - id: send
+    kind: noop
+    save_as: sent
+    rate_limit: {limit: 1, period: %s}
+`
+
+// Two versions with other rate periods count in windows of their own: a
+// window of one is never reset by the other, so each admits at most its
+// limit per window (here 1 an hour and 1 in two hours: 2 admissions,
+// not all 6).
+func TestVersionsWithOtherRatePeriodsCountApart(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{noEngine: true})
+	b.runEngines(2, Config{}, nil)
+	v1, v2 := b.define(fmt.Sprintf(versionedRate, 1, "1h")), b.define(fmt.Sprintf(versionedRate, 2, "2h"))
+	b.worker(func(*schemas.StepMessage) (json.RawMessage, *schemas.Error) { return json.RawMessage(`{}`), nil })
+	var ids []string
+	for i := 0; i < 3; i++ {
+		ids = append(ids, b.start(v1, `{}`, fmt.Sprintf("p1-%d", i)), b.start(v2, `{}`, fmt.Sprintf("p2-%d", i)))
+	}
+	// Each version admits one now; the others wait for their windows.
+	testsupport.Eventually(t, 20*time.Second, func() bool {
+		waiting := 0
+		for _, id := range ids {
+			if v, err := b.client.Job(context.Background(), id); err == nil && len(v.Waiting) > 0 {
+				waiting++
+			}
+		}
+		return waiting == 4
+	}, "want 4 of 6 jobs waiting for a rate window")
+	done := 0
+	for _, id := range ids {
+		if v, err := b.client.Job(context.Background(), id); err == nil && v.Status == schemas.JobCompleted {
+			done++
+		}
+	}
+	if done != 2 {
+		t.Errorf("%d jobs completed in the first windows, want 2 (one per version)", done)
+	}
+}
+
+const slotThenRate = `
+name: metered
+version: 1
+input_schema: {type: object, required: [customer], properties: {customer: {type: string}}}
+steps:
+  - id: call
+    kind: noop
+    save_as: called
+    concurrency: {limit: 2, key: "{{.state.customer}}"}
+    rate_limit: {limit: 3, period: 1s, key: "{{.state.customer}}"}
+`
+
+// A dispatch that holds its concurrency slot and waits for a rate window
+// is woken when the window ends, with two engines taking turns: every
+// job completes with the reconcilers off (a lost wake-up would leave the
+// key stalled).
+func TestRateWaitersHoldingSlotsAreWoken(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOptions{noEngine: true})
+	b.runEngines(2, Config{}, nil)
+	def := b.define(slotThenRate)
+	for i := 0; i < 2; i++ {
+		b.worker(func(*schemas.StepMessage) (json.RawMessage, *schemas.Error) { return json.RawMessage(`{}`), nil })
+	}
+	var ids []string
+	for i := 0; i < 16; i++ {
+		ids = append(ids, b.start(def, fmt.Sprintf(`{"customer": "c%d"}`, i%2), fmt.Sprintf("metered-%02d", i)))
+	}
+	for _, id := range ids {
+		if v := b.waitFlow(id); v.Status != schemas.JobCompleted {
+			t.Fatalf("job %s ended %s", id, v.Status)
+		}
+	}
+}

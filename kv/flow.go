@@ -43,6 +43,10 @@ type FlowHolder struct {
 	Key   string    `json:"key,omitempty"`  // the limit's rendered key
 	At    time.Time `json:"at"`             // when it took the slot (or began to wait)
 	Prio  int       `json:"prio,omitempty"` // a waiter's priority
+	// Max is a waiter's limit (its definition's N): it takes only slots
+	// 0..Max-1, so that jobs of two versions that declare different limits
+	// each keep theirs. 0: any slot (records written before it existed).
+	Max int `json:"max,omitempty"`
 	// Seq is the sequence of the checkpoint that records the slot, written
 	// after the slot is taken: a checkpoint of the job at Seq or later that
 	// does not name the slot means it was left behind. 0 for a slot handed
@@ -86,11 +90,30 @@ func WaiterKey(limit, kd string, prio int, since time.Time, id string) string {
 // SlotOf returns the limit and key-digest part of a slot key ("c.<limit>.<kd>.<i>"), ok false
 // when key is not a slot key.
 func SlotOf(key string) (limit, kd string, ok bool) {
+	limit, kd, _, ok = slotParts(key)
+	return limit, kd, ok
+}
+
+// SlotIndex returns the i of a slot key "c.<limit>.<kd>.<i>", -1 when key
+// is not one.
+func SlotIndex(key string) int {
+	_, _, i, ok := slotParts(key)
+	if !ok {
+		return -1
+	}
+	return i
+}
+
+func slotParts(key string) (limit, kd string, i int, ok bool) {
 	parts := strings.Split(key, ".")
 	if len(parts) != 4 || parts[0] != "c" {
-		return "", "", false
+		return "", "", 0, false
 	}
-	return parts[1], parts[2], true
+	i, err := strconv.Atoi(parts[3])
+	if err != nil || i < 0 {
+		return "", "", 0, false
+	}
+	return parts[1], parts[2], i, true
 }
 
 // Acquire takes the first free slot of limit and kd among n (a Create on
@@ -255,9 +278,12 @@ func (f *Flow) ReleaseSlot(ctx context.Context, s FlowSlot) (FlowRelease, error)
 		if err != nil {
 			return FlowRelease{}, fmt.Errorf("release flow slot %s: %w", s.Key, err)
 		}
-		h, err := f.claimWaiter(ctx, limit, kd)
+		h, others, err := f.claimWaiter(ctx, limit, kd, SlotIndex(s.Key))
 		if err != nil {
 			return FlowRelease{}, err
+		}
+		if h == nil && others {
+			break // they wait for a slot of a smaller limit than this one's index: it is freed
 		}
 		if h == nil {
 			// Nobody waits: take the flag down, unless a waiter put it up
@@ -292,7 +318,7 @@ func (f *Flow) ReleaseSlot(ctx context.Context, s FlowSlot) (FlowRelease, error)
 	// A waiter that recorded itself after the look and tried the slot
 	// before the delete would wait for nobody: wake it to try again.
 	if _, err := f.kv.Get(ctx, flagKey(limit, kd)); err == nil {
-		h, _, err := f.firstWaiter(ctx, limit, kd, false)
+		h, _, _, err := f.firstWaiter(ctx, limit, kd, false, -1)
 		if err != nil || h == nil {
 			return FlowRelease{}, err
 		}
@@ -302,34 +328,41 @@ func (f *Flow) ReleaseSlot(ctx context.Context, s FlowSlot) (FlowRelease, error)
 }
 
 // claimWaiter takes the waiter of limit and kd first in line (highest
-// priority, then oldest) out of the line, removing its record on the
-// revision read, so that two releases never hand their slots to one
-// waiter; nil when none waits.
-func (f *Flow) claimWaiter(ctx context.Context, limit, kd string) (*FlowHolder, error) {
-	h, _, err := f.firstWaiter(ctx, limit, kd, true)
-	return h, err
+// priority, then oldest) that may take slot index idx out of the line,
+// removing its record on the revision read, so that two releases never
+// hand their slots to one waiter; nil when none waits. others reports
+// waiters passed over because their limit is at most idx.
+func (f *Flow) claimWaiter(ctx context.Context, limit, kd string, idx int) (h *FlowHolder, others bool, err error) {
+	h, _, others, err = f.firstWaiter(ctx, limit, kd, true, idx)
+	return h, others, err
 }
 
-// firstWaiter returns the waiter first in line and its key; with claim,
-// its record removed on the revision read (one removed meanwhile is
-// passed over). nil when none.
-func (f *Flow) firstWaiter(ctx context.Context, limit, kd string, claim bool) (*FlowHolder, string, error) {
+// firstWaiter returns the waiter first in line whose limit admits slot
+// index idx (-1: any) and its key; with claim, its record removed on the
+// revision read (one removed meanwhile is passed over). nil when none;
+// others reports waiters passed over for their limit.
+func (f *Flow) firstWaiter(ctx context.Context, limit, kd string, claim bool, idx int) (*FlowHolder, string, bool, error) {
 	waiters, err := f.keys(ctx, waiterPrefix(limit, kd)+">")
 	if err != nil {
-		return nil, "", err
+		return nil, "", false, err
 	}
 	slices.Sort(waiters)
+	others := false
 	for _, wk := range waiters {
 		ent, err := f.kv.Get(ctx, wk)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			continue // admitted or gone meanwhile
 		}
 		if err != nil {
-			return nil, "", fmt.Errorf("read flow waiter %s: %w", wk, err)
+			return nil, "", others, fmt.Errorf("read flow waiter %s: %w", wk, err)
 		}
 		var h FlowHolder
 		if json.Unmarshal(ent.Value(), &h) != nil {
 			_ = f.Unwait(ctx, wk)
+			continue
+		}
+		if idx >= 0 && h.Max > 0 && idx >= h.Max {
+			others = true
 			continue
 		}
 		if claim {
@@ -337,12 +370,12 @@ func (f *Flow) firstWaiter(ctx context.Context, limit, kd string, claim bool) (*
 				if isRevisionConflict(err) || errors.Is(err, jetstream.ErrKeyNotFound) {
 					continue // another release claimed it
 				}
-				return nil, "", fmt.Errorf("claim flow waiter %s: %w", wk, err)
+				return nil, "", others, fmt.Errorf("claim flow waiter %s: %w", wk, err)
 			}
 		}
-		return &h, wk, nil
+		return &h, wk, others, nil
 	}
-	return nil, "", nil
+	return nil, "", others, nil
 }
 
 // Slots calls fn with every slot held, of every limit; fn returns false to
