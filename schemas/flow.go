@@ -256,7 +256,7 @@ func checkFlow(d *Definition) []Problem {
 		if engineKind(s.Kind) {
 			for field, set := range map[string]bool{"concurrency": s.Concurrency != nil, "rate_limit": s.RateLimit != nil} {
 				if set {
-					ps = append(ps, Problem{Path: base + "/" + field, Message: fmt.Sprintf("a %s step is performed by the engine, not a worker: %s does not apply to it", s.Kind, field)})
+					ps = append(ps, Problem{Path: base + "/" + field, Message: fmt.Sprintf("%s step: the engine performs it, not a worker: %s does not apply to it", s.Kind, field)})
 				}
 			}
 			continue

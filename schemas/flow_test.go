@@ -102,7 +102,7 @@ func TestParseFlowRefused(t *testing.T) {
 		{name: "keyed pool rate limit", src: head + "pools:\n  fast:\n    rate_limit:\n      limit: 3\n      period: 1s\n      key: \"{{.job}}\"\nsteps:\n  - id: a\n    kind: noop\n",
 			at: "key:", col: true, path: "/pools/fast/rate_limit/key", msg: "a pool's rate limit has no key"},
 		{name: "concurrency on an engine step", src: head + "steps:\n  - id: a\n    kind: sleep\n    with: {duration: 1s}\n    concurrency: {limit: 1}\n",
-			at: "concurrency:", col: true, path: "/steps/0/concurrency", msg: "performed by the engine"},
+			at: "concurrency:", col: true, path: "/steps/0/concurrency", msg: "the engine performs it"},
 	}
 	for _, r := range rows {
 		t.Run(r.name, func(t *testing.T) {
