@@ -509,7 +509,17 @@ func (t *table) noTrigger(ev *event.Event) *Refusal {
 	} else {
 		names := make([]string, 0, len(rules))
 		for _, r := range rules {
-			names = append(names, r.Workflow+"/"+r.Name+" ("+r.Type+")")
+			m := "type " + r.Type
+			if r.Source != "" {
+				m += ", source " + r.Source
+			}
+			if r.Subject != "" {
+				m += ", subject " + r.Subject
+			}
+			if r.Filter != "" {
+				m += ", a filter"
+			}
+			names = append(names, r.Workflow+"/"+r.Name+" ("+m+")")
 		}
 		msg += "the live triggers are " + strings.Join(names, ", ")
 	}

@@ -309,7 +309,8 @@ of the next one (--after); it reads the job index, not every checkpoint.`,
 				for _, j := range page.Jobs {
 					step := j.CurrentStep
 					if j.Waiting != "" {
-						step += " (waiting: " + oneLine(j.Waiting, 80) + ")"
+						// The summary names its step first; the column has it.
+						step += " (waiting: " + oneLine(strings.TrimPrefix(j.Waiting, j.CurrentStep+": "), 80) + ")"
 					}
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", j.ID, j.Workflow, j.Status, step, j.ResumeCount, j.UpdatedAt.Format(time.RFC3339))
 				}

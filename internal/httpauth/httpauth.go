@@ -107,8 +107,8 @@ var Exempt = []string{"/healthz", "/readyz"}
 // (when the server asks for them, mTLS) or a valid bearer token (when
 // tokens is not nil); the Exempt paths always pass. Anything else gets 401
 // with WWW-Authenticate: Bearer realm="waymark" (error="invalid_token"
-// when a token was given) and a JSON body {"code":"unauthorized",
-// "message":...}.
+// when a token was given) and the API's error body {"error": {"code":
+// "unauthorized", "message": ...}}.
 func Require(tokens *Tokens, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		for _, p := range Exempt {
@@ -141,7 +141,7 @@ func Require(tokens *Tokens, next http.Handler) http.Handler {
 		w.Header().Set("WWW-Authenticate", challenge)
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusUnauthorized)
-		_ = json.NewEncoder(w).Encode(map[string]string{"code": "unauthorized", "message": msg})
+		_ = json.NewEncoder(w).Encode(map[string]map[string]string{"error": {"code": "unauthorized", "message": msg}})
 	})
 }
 

@@ -62,7 +62,7 @@ func TestTokensAndRequire(t *testing.T) {
 		if rec.Code != tc.want {
 			t.Errorf("%s %q: %d, want %d", tc.path, tc.auth, rec.Code, tc.want)
 		}
-		if rec.Code == 401 && (!strings.HasPrefix(rec.Header().Get("WWW-Authenticate"), `Bearer realm="waymark"`) || !strings.Contains(rec.Body.String(), `"unauthorized"`)) {
+		if rec.Code == 401 && (!strings.HasPrefix(rec.Header().Get("WWW-Authenticate"), `Bearer realm="waymark"`) || !strings.Contains(rec.Body.String(), `{"error":{"code":"unauthorized"`)) {
 			t.Errorf("%s %q: 401 without the challenge or the JSON body: %q %s", tc.path, tc.auth, rec.Header().Get("WWW-Authenticate"), rec.Body)
 		}
 		if strings.Contains(rec.Body.String(), "abcdefghijklmnop") {
