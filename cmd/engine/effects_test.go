@@ -1183,6 +1183,11 @@ func TestSweepWithoutDefinitionThenReuse(t *testing.T) {
 		t.Fatalf("%d effect records, want 3", n)
 	}
 	firstCalls := calls()
+	// The sweep reads the ended index entry, which follows the checkpoint.
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		_, err := b.store.Jobs.Get(ctx, kv.EndedKey(schemas.JobCompleted, v.Workflow, job))
+		return err == nil
+	}, "job %s has no ended index entry", job)
 
 	defs, err := b.store.JS.KeyValue(ctx, b.store.Names.DefinitionBucket)
 	if err != nil {
