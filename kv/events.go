@@ -68,16 +68,9 @@ func (e *Events) Create(ctx context.Context, rec *schemas.EventRecord) (got *sch
 // the difference at warn and keeps it.
 func (s *Store) ensureEventBucket(ctx context.Context) (jetstream.KeyValue, error) {
 	n, c := s.Names, s.Config
-	want := jetstream.KeyValueConfig{
-		Bucket:       n.EventBucket,
-		Description:  "Waymark CloudEvents intake dedup: key e.<sha256 of source and id>, the jobs the event started; kept for the event retention (the bucket's TTL)",
-		History:      1,
-		TTL:          c.EventRetention,
-		MaxValueSize: 64 << 10,
-		Storage:      s.storage(),
-		Replicas:     c.Replicas,
-		Metadata:     map[string]string{"waymark_layout": LayoutVersion},
-	}
+	want := s.recordBucket(n.EventBucket, "Waymark CloudEvents intake dedup: key e.<sha256 of source and id>, the jobs the event started; kept for the event retention (the bucket's TTL)",
+		64<<10, map[string]string{"waymark_layout": LayoutVersion})
+	want.TTL = c.EventRetention
 	kv, err := s.JS.KeyValue(ctx, want.Bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		kv, err = s.JS.CreateKeyValue(ctx, want)

@@ -477,6 +477,23 @@ func (s *Store) allowAtomic(ctx context.Context, stream string) (bool, error) {
 
 // headerRoom is what a checkpoint bucket allows beyond MaxValueBytes: the
 // server counts a message's headers (the expected revision of every write)
+
+// recordBucket is the configuration of a bucket of small records that
+// keeps one revision a key (history 1), as Waymark's buckets do: name,
+// description, the largest value in bytes, the layout's storage, replicas
+// and metadata.
+func (s *Store) recordBucket(name, description string, maxValue int32, meta map[string]string) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:       name,
+		Description:  description,
+		History:      1,
+		MaxValueSize: maxValue,
+		Storage:      s.storage(),
+		Replicas:     s.Config.Replicas,
+		Metadata:     meta,
+	}
+}
+
 // against the limit, and MaxValueBytes caps the checkpoint itself.
 const headerRoom = 1024
 
@@ -497,27 +514,11 @@ func (s *Store) storage() jetstream.StorageType {
 func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err error) {
 	n, c := s.Names, s.Config
 	meta := map[string]string{"waymark_layout": LayoutVersion}
-	cps, err = s.ensureBucket(ctx, jetstream.KeyValueConfig{
-		Bucket:       n.CheckpointBucket,
-		Description:  "Waymark job checkpoints: key = job id, value = checkpoint JSON, written by compare-and-swap on the revision",
-		History:      1,
-		MaxValueSize: withHeaderRoom(c.MaxValueBytes),
-		Storage:      s.storage(),
-		Replicas:     c.Replicas,
-		Metadata:     meta,
-	})
+	cps, err = s.ensureBucket(ctx, s.recordBucket(n.CheckpointBucket, "Waymark job checkpoints: key = job id, value = checkpoint JSON, written by compare-and-swap on the revision", withHeaderRoom(c.MaxValueBytes), meta))
 	if err != nil {
 		return nil, nil, err
 	}
-	eff, err := s.ensureBucket(ctx, jetstream.KeyValueConfig{
-		Bucket:       n.EffectBucket,
-		Description:  "Waymark effect ledger: key = idempotency key, value = effect record (prepared, dispatched, confirmed, ambiguous, reconciled), written by compare-and-swap",
-		History:      1,
-		MaxValueSize: withHeaderRoom(c.MaxValueBytes),
-		Storage:      s.storage(),
-		Replicas:     c.Replicas,
-		Metadata:     meta,
-	})
+	eff, err := s.ensureBucket(ctx, s.recordBucket(n.EffectBucket, "Waymark effect ledger: key = idempotency key, value = effect record (prepared, dispatched, confirmed, ambiguous, reconciled), written by compare-and-swap", withHeaderRoom(c.MaxValueBytes), meta))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -594,60 +595,28 @@ func (s *Store) ensure(ctx context.Context) (cps, defs jetstream.KeyValue, err e
 		_, err = s.JS.KeyValue(ctx, n.JobsBucket)
 		s.backfill = errors.Is(err, jetstream.ErrBucketNotFound)
 	}
-	jobs, err := s.ensureBucket(ctx, jetstream.KeyValueConfig{
-		Bucket:       n.JobsBucket,
-		Description:  "Waymark job index: active.<workflow>.<job> while a job may still change, ended.<status>.<workflow>.<job> once it finished; listings and the reconciler read it instead of every checkpoint",
-		History:      1,
-		MaxValueSize: 16 << 10,
-		Storage:      s.storage(),
-		Replicas:     c.Replicas,
-		Metadata:     meta,
-	})
+	jobs, err := s.ensureBucket(ctx, s.recordBucket(n.JobsBucket, "Waymark job index: active.<workflow>.<job> while a job may still change, ended.<status>.<workflow>.<job> once it finished; listings and the reconciler read it instead of every checkpoint", 16<<10, meta))
 	if err != nil {
 		return nil, nil, err
 	}
 	if s.Jobs == nil {
 		s.Jobs = &Jobs{kv: jobs, js: s.JS, names: n}
 	}
-	limits, err := s.ensureBucket(ctx, jetstream.KeyValueConfig{
-		Bucket:       n.LimitsBucket,
-		Description:  "Waymark rate limits: key <provider>.<key digest>, the time before which no worker calls that provider with that key (a 429 or 529's Retry-After)",
-		History:      1,
-		MaxValueSize: 1 << 10,
-		Storage:      s.storage(),
-		Replicas:     c.Replicas,
-		Metadata:     meta,
-	})
+	limits, err := s.ensureBucket(ctx, s.recordBucket(n.LimitsBucket, "Waymark rate limits: key <provider>.<key digest>, the time before which no worker calls that provider with that key (a 429 or 529's Retry-After)", 1<<10, meta))
 	if err != nil {
 		return nil, nil, err
 	}
 	if s.Limits == nil {
 		s.Limits = &Limits{kv: limits}
 	}
-	flow, err := s.ensureBucket(ctx, jetstream.KeyValueConfig{
-		Bucket:       n.FlowBucket,
-		Description:  "Waymark flow control: c.<limit>.<key digest>.<slot> = the dispatch holding a concurrency slot; w.<limit>.<key digest>.<rank>.<since>.<id> = a dispatch waiting for one; r.<limit>.<key digest> = the current rate window's count",
-		History:      1,
-		MaxValueSize: 16 << 10,
-		Storage:      s.storage(),
-		Replicas:     c.Replicas,
-		Metadata:     meta,
-	})
+	flow, err := s.ensureBucket(ctx, s.recordBucket(n.FlowBucket, "Waymark flow control: c.<limit>.<key digest>.<slot> = the dispatch holding a concurrency slot; w.<limit>.<key digest>.<rank>.<since>.<id> = a dispatch waiting for one; r.<limit>.<key digest> = the current rate window's count", 16<<10, meta))
 	if err != nil {
 		return nil, nil, err
 	}
 	if s.Flow == nil {
 		s.Flow = &Flow{kv: flow}
 	}
-	session, err := s.ensureBucket(ctx, jetstream.KeyValueConfig{
-		Bucket:       n.StoreBucket,
-		Description:  "Waymark session store: key <namespace>.<key>, a JSON value that store steps, agent tools and engine store read and write across jobs, by revision (compare-and-swap)",
-		History:      1,
-		MaxValueSize: 64 << 10,
-		Storage:      s.storage(),
-		Replicas:     c.Replicas,
-		Metadata:     meta,
-	})
+	session, err := s.ensureBucket(ctx, s.recordBucket(n.StoreBucket, "Waymark session store: key <namespace>.<key>, a JSON value that store steps, agent tools and engine store read and write across jobs, by revision (compare-and-swap)", 64<<10, meta))
 	if err != nil {
 		return nil, nil, err
 	}
