@@ -51,7 +51,9 @@ const MaxRequestBytes = 8 << 20
 //	POST /v1/effects/resolve        {"key", "happened", "external_id"?, "result"?, "by", "note"?} → the reconciled record
 //	POST /v1/events                 a CloudEvent (binary, structured or batch mode) → 202 {event, jobs}; see trigger.Intake.ServeHTTP (when Events is set)
 //	GET  /v1/triggers               → {"triggers": [...]} the live trigger rules (when Events is set)
-//	GET  /healthz                   → {"status": "ok"}
+//
+// The probes /healthz and /readyz are not the API's: engine serve mounts
+// them beside it (internal/health), where they see the NATS connection.
 //
 // Errors are {"error": {"code", "message", "problems"?}} with 400 for bad
 // input (text that is not UTF-8, or a lone surrogate, is named by its JSON
@@ -99,9 +101,6 @@ func (a *API) Handler() http.Handler {
 		mux.Handle("POST /v1/events", a.Events)
 		mux.Handle("GET /v1/triggers", a.Events)
 	}
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
 	return jsonErrors(mux)
 }
 
