@@ -603,21 +603,3 @@ func TestParseTypes(t *testing.T) {
 		t.Error(notify.Subject("waymark", schemas.EventJobCompleted, "J1"))
 	}
 }
-
-func TestBinaryMessagePercentEncodes(t *testing.T) {
-	t.Parallel()
-	e := event.New()
-	e.SetID("a b\"c%d€")
-	e.SetSource("/s")
-	e.SetType("t")
-	m, err := notify.BinaryMessage(context.Background(), "x", &e)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := m.Header.Get("ce-id"); got != "a%20b%22c%25d%E2%82%AC" {
-		t.Errorf("ce-id %q", got)
-	}
-	if got := m.Header.Get(jetstream.MsgIDHeader); got != e.ID() {
-		t.Errorf("Nats-Msg-Id %q", got)
-	}
-}

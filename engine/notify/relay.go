@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/waymark-dev/waymark/engine/cenats"
 	"github.com/waymark-dev/waymark/kv"
 )
 
@@ -172,7 +173,7 @@ func (r *Relay) handle(ctx context.Context, nc *nats.Conn, prefix string, m jets
 	}
 	for i := range evs {
 		e := &evs[i]
-		out, err := BinaryMessage(ctx, Subject(prefix, e.Type(), e.Subject()), e)
+		out, err := cenats.BinaryMessage(ctx, Subject(prefix, e.Type(), e.Subject()), e)
 		if err == nil {
 			err = nc.PublishMsg(out)
 		}

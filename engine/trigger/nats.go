@@ -7,15 +7,14 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/cloudevents/sdk-go/v2/binding"
 	"github.com/cloudevents/sdk-go/v2/binding/format"
 	"github.com/cloudevents/sdk-go/v2/binding/spec"
 	"github.com/cloudevents/sdk-go/v2/event"
-	"github.com/cloudevents/sdk-go/v2/types"
 	"github.com/nats-io/nats.go"
 
+	"github.com/waymark-dev/waymark/engine/cenats"
 	"github.com/waymark-dev/waymark/schemas"
 )
 
@@ -45,8 +44,14 @@ var _ binding.MessageMetadataReader = (*natsMessage)(nil)
 func newNATSMessage(m *nats.Msg) *natsMessage {
 	nm := &natsMessage{hdr: map[string]string{}, data: m.Data}
 	for k, v := range m.Header {
-		if len(v) > 0 {
-			nm.hdr[strings.ToLower(k)] = v[0]
+		if len(v) == 0 {
+			continue
+		}
+		k = strings.ToLower(k)
+		if strings.HasPrefix(k, cenats.HeaderPrefix) {
+			nm.hdr[k] = cenats.Decode(v[0]) // percent-encoded (NATS protocol binding, 3.1.3.2)
+		} else {
+			nm.hdr[k] = v[0]
 		}
 	}
 	if v, ok := nm.hdr["ce-specversion"]; ok {
@@ -290,30 +295,10 @@ func Send(ctx context.Context, nc *nats.Conn, prefix string, ev *event.Event) (*
 	if err := ev.Validate(); err != nil {
 		return nil, invalidEvent(err)
 	}
-	m := nats.NewMsg(prefix + ".trigger." + subjectTail(ev.Type()))
-	set := func(k, v string) {
-		if v != "" {
-			m.Header.Set(k, v)
-		}
+	m, err := cenats.BinaryMessage(ctx, prefix+".trigger."+subjectTail(ev.Type()), ev)
+	if err != nil {
+		return nil, err
 	}
-	set("ce-specversion", ev.SpecVersion())
-	set("ce-id", ev.ID())
-	set("ce-source", ev.Source())
-	set("ce-type", ev.Type())
-	set("ce-subject", ev.Subject())
-	set("ce-dataschema", ev.DataSchema())
-	set("content-type", ev.DataContentType())
-	if t := ev.Time(); !t.IsZero() {
-		set("ce-time", t.UTC().Format(time.RFC3339Nano))
-	}
-	for k, v := range ev.Extensions() {
-		s, err := types.Format(v)
-		if err != nil {
-			return nil, fmt.Errorf("extension %s: %w", k, err)
-		}
-		set("ce-"+k, s)
-	}
-	m.Data = ev.Data()
 	reply, err := nc.RequestMsgWithContext(ctx, m)
 	if err != nil {
 		return nil, fmt.Errorf("send event %q from %q on %s: %w", ev.ID(), ev.Source(), m.Subject, err)
