@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/waymark-dev/waymark/engine/client"
 	"github.com/waymark-dev/waymark/internal/testsupport"
 	"github.com/waymark-dev/waymark/kv"
@@ -1040,6 +1042,11 @@ func TestConcurrentMigrationsOneWins(t *testing.T) {
 		v   *client.JobView
 		err error
 	}
+	// With no engine running, both are made from the same checkpoint (one
+	// made after the other was applied would apply too) and wait in the
+	// inbox; then an engine takes them in turn.
+	b.cancel()
+	<-b.done
 	outs := make(chan outcome, 2)
 	for _, cur := range []string{"eur", "usd"} {
 		go func() {
@@ -1047,6 +1054,15 @@ func TestConcurrentMigrationsOneWins(t *testing.T) {
 			outs <- outcome{v, err}
 		}()
 	}
+	inbox, err := b.store.JS.Stream(c, b.store.Names.InboxStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testsupport.Eventually(t, 10*time.Second, func() bool {
+		info, err := inbox.Info(c, jetstream.WithSubjectFilter(b.store.Names.InboxSubject(kv.InboxSignal, id)))
+		return err == nil && len(info.State.Subjects) == 1 && info.State.Subjects[b.store.Names.InboxSubject(kv.InboxSignal, id)] == 2
+	}, "the two migrations are not both in the inbox")
+	b.runEngine(Config{})
 	won, lost := 0, 0
 	for range 2 {
 		o := <-outs

@@ -274,7 +274,13 @@ items:
 					e.log.Warn("dropping a migration to a definition that cannot be loaded", "job", it.job, "err", err)
 					continue
 				}
-				migEvs := migrateJob(old, p.def, cp, it.signal, now)
+				var migEvs []event
+				// A migration made from sequence Seq applies to the
+				// checkpoint at Seq: not to one this decision has changed
+				// already (another migration in the same batch, say).
+				if it.signal.Seq == 0 || !changed {
+					migEvs = migrateJob(old, p.def, cp, it.signal, now)
+				}
 				if migEvs == nil {
 					p.tally.stale++
 					e.log.Warn("dropping a migration the job no longer allows", "job", it.job, "status", cp.Status)
